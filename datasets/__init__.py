@@ -1,0 +1,1 @@
+"""Dataset loaders: mnist, cifar10, imagenet (NPZ shards), synthetic."""

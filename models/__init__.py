@@ -1,0 +1,1 @@
+"""Model zoo: one builder module per family, registered by name."""

@@ -1,0 +1,148 @@
+"""The backend contract: one kernel library per device, chosen per model (no process-wide global).
+
+A backend object carries
+- `name`: "cpu" or "gpu";
+- `xp`: the array module (numpy or cupy); layers do their element-wise math with it;
+- `dtype`: the floating dtype of parameters and activations;
+- `layout`: the INTERNAL layout of 4-D activations, "NHWC" (CPU: channels contiguous, so a convolution
+  is a GEMM over channels) or "NCHW". Users never see it: `to_internal`/`to_user` convert at the edges
+  of the model (Input, Flatten, model outputs), so weights, Flatten's order and checkpoints are NCHW
+  everywhere;
+- `rng`: a seeded random generator (dropout masks, augmentation on device);
+- the heavy kernels below.
+
+Kernel conventions
+- `x`, `y`, `dy`, `dx` are 4-D arrays in the backend's internal layout.
+- Convolution weights are in the user layout (K, C // groups, kh, kw); returned `dw` too.
+- `ConvSpec` / `PoolSpec` hold the static parameters; a layer builds one at `initialize` time, and a
+  backend may cache plans or buffers keyed by it.
+- A forward kernel returns `(y, ctx)`; `ctx` is opaque and handed back to the backward kernels
+  (im2col columns, argmax indices, cuDNN descriptors...).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydtnn.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """Static parameters of a 2-D convolution (all pairs are (height, width))."""
+    in_channels: int
+    out_channels: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)      # symmetric zero padding
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1                        # 1, or in_channels for depthwise (then out_channels == in_channels)
+
+    def output_hw(self, h: int, w: int) -> tuple[int, int]:
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel, self.stride, self.padding, self.dilation
+        return ((h + 2 * ph - dh * (kh - 1) - 1) // sh + 1,
+                (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """Static parameters of a 2-D pooling. Average pooling counts padded zeros (like PyTorch's default)."""
+    kind: str                              # "max" or "avg"
+    pool: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int] = (0, 0)
+
+    def output_hw(self, h: int, w: int) -> tuple[int, int]:
+        (kh, kw), (sh, sw), (ph, pw) = self.pool, self.stride, self.padding
+        return (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+
+
+class Backend:
+    """Methods every backend implements. See the module docstring for the conventions."""
+    name: str
+    layout: str
+
+    def __init__(self, dtype="float32", seed: int = 0):
+        raise NotImplementedError
+
+    # --- arrays -------------------------------------------------------------------------------------
+    def asarray(self, a):                  # host or device array -> device array of self.dtype
+        raise NotImplementedError
+
+    def to_numpy(self, a):                 # device array -> numpy array
+        raise NotImplementedError
+
+    def to_internal(self, x_nchw):         # 4-D user NCHW -> internal layout (may be a view)
+        raise NotImplementedError
+
+    def to_user(self, x):                  # 4-D internal layout -> user NCHW (may be a view)
+        raise NotImplementedError
+
+    @property
+    def channel_axis(self) -> int:         # axis of channels in a 4-D internal array
+        return 3 if self.layout == "NHWC" else 1
+
+    def internal_shape(self, n: int, chw: tuple[int, int, int]) -> tuple[int, int, int, int]:
+        c, h, w = chw
+        return (n, h, w, c) if self.layout == "NHWC" else (n, c, h, w)
+
+    def seed(self, seed: int) -> None:     # reseed self.rng
+        raise NotImplementedError
+
+    def synchronize(self) -> None:         # wait for queued device work (timing); no-op on the CPU
+        pass
+
+    # --- convolution --------------------------------------------------------------------------------
+    def conv2d_forward(self, x, w, b, spec: ConvSpec):
+        """y = conv(x, w) + b (b may be None). Returns (y, ctx)."""
+        raise NotImplementedError
+
+    def conv2d_backward_data(self, dy, w, ctx, spec: ConvSpec):
+        """dL/dx, same shape as the forward x."""
+        raise NotImplementedError
+
+    def conv2d_backward_weights(self, dy, ctx, spec: ConvSpec, with_bias: bool):
+        """(dw, db): dw shaped like w (K, C // groups, kh, kw); db (K,) or None."""
+        raise NotImplementedError
+
+    # --- pooling ------------------------------------------------------------------------------------
+    def pool2d_forward(self, x, spec: PoolSpec):
+        """Returns (y, ctx)."""
+        raise NotImplementedError
+
+    def pool2d_backward(self, dy, ctx, spec: PoolSpec):
+        raise NotImplementedError
+
+    # --- batch normalization (per channel; statistics over every other axis) -------------------------
+    def batchnorm_forward_train(self, x, gamma, beta, eps: float):
+        """Returns (y, batch_mean, batch_var_biased, ctx)."""
+        raise NotImplementedError
+
+    def batchnorm_forward_infer(self, x, gamma, beta, mean, var, eps: float):
+        raise NotImplementedError
+
+    def batchnorm_backward(self, dy, ctx):
+        """Returns (dx, dgamma, dbeta)."""
+        raise NotImplementedError
+
+
+def get_backend(name: str = "cpu", dtype="float32", seed: int = 0) -> Backend:
+    """A fresh backend object; two models may hold two different backends in one process."""
+    if name == "cpu":
+        from pydtnn.backends.cpu import CPUBackend
+        return CPUBackend(dtype=dtype, seed=seed)
+    if name == "gpu":
+        from pydtnn.backends.gpu import GPUBackend
+        return GPUBackend(dtype=dtype, seed=seed)
+    raise ConfigError(f"unknown backend {name!r}: choose 'cpu' or 'gpu'")
+
+
+def available_backends() -> list[str]:
+    """Backends usable on this machine ("gpu" only where CuPy sees a device)."""
+    names = ["cpu"]
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            names.append("gpu")
+    except Exception:  # no CuPy, no driver, or no device: the GPU backend is simply unavailable
+        pass
+    return names
