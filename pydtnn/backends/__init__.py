@@ -136,6 +136,15 @@ def get_backend(name: str = "cpu", dtype="float32", seed: int = 0) -> Backend:
     raise ConfigError(f"unknown backend {name!r}: choose 'cpu' or 'gpu'")
 
 
+def array_module(a):
+    """numpy for NumPy arrays (and scalars), cupy for CuPy arrays, without importing CuPy needlessly."""
+    import numpy
+    if isinstance(a, (numpy.ndarray, numpy.generic, float, int)):
+        return numpy
+    import cupy
+    return cupy.get_array_module(a)
+
+
 def available_backends() -> list[str]:
     """Backends usable on this machine ("gpu" only where CuPy sees a device)."""
     names = ["cpu"]

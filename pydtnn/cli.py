@@ -1,0 +1,389 @@
+"""The launcher: upstream PyDTNN's flags, plus heterogeneity-aware data parallelism.
+
+    python scripts/pydtnn_benchmark.py --model simplecnn --dataset synthetic --num_epochs 1
+    mpiexec -n 3 python -m mpi4py scripts/pydtnn_benchmark.py --parallel data --global_batch_size 96 \
+        --balance static --replica_speeds 1,2,3 ...
+
+A user's mistake prints one line (`pydtnn: error: ...`) on rank 0 and every rank exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+from pydtnn.errors import ConfigError, PyDTNNError
+
+TRUE, FALSE = ("true", "1", "yes", "y", "on"), ("false", "0", "no", "n", "off")
+
+
+def boolean(value: str) -> bool:
+    """Upstream silently read any unknown string as False; ours refuses it."""
+    v = str(value).strip().lower()
+    if v in TRUE:
+        return True
+    if v in FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false, 1/0, yes/no), got {value!r}")
+
+
+def positive_int(value):
+    v = int(value)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return v
+
+
+def nonneg_int(value):
+    v = int(value)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return v
+
+
+def finite_float(value):
+    v = float(value)
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {value}")
+    return v
+
+
+def float_list(value):
+    try:
+        out = [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {value!r}") from None
+    if not out or any(not (math.isfinite(v) and v > 0) for v in out):
+        raise argparse.ArgumentTypeError(f"expected positive comma-separated numbers, got {value!r}")
+    return out
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="pydtnn_benchmark", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                      description="Train or evaluate a PyDTNN model (upstream PyDTNN flags; booleans take "
+                                  "true/false, 1/0, yes/no and refuse anything else).")
+    B = boolean
+    g = p.add_argument_group("model")
+    g.add_argument("--model", dest="model_name", default="simplecnn",
+                   help="registered model name (see README) or a path to a .py file defining create_model(model)")
+    g.add_argument("--batch_size", type=positive_int, default=64,
+                   help="local batch per replica (upstream meaning); the global batch is batch_size x replicas "
+                        "unless --global_batch_size is given")
+    g.add_argument("--global_batch_size", type=positive_int, default=None,
+                   help="the real global batch B, split among replicas by --balance (sequential: the batch)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="floating type")
+    g.add_argument("--num_epochs", type=nonneg_int, default=1, help="epochs to train")
+    g.add_argument("--steps_per_epoch", type=nonneg_int, default=0,
+                   help="0 = a full pass; >0 trims or tiles the training set to that many global steps")
+    g.add_argument("--evaluate", dest="evaluate_on_train", type=B, default=False,
+                   help="evaluate on the test set before and after training")
+    g.add_argument("--evaluate_only", type=B, default=False, help="only evaluate on the test set")
+    g.add_argument("--weights_and_bias_filename", default=None, help="NPZ weights to load before training")
+    g.add_argument("--save_weights_and_bias_filename", default=None,
+                   help="write the final weights here as NPZ (stable keys layer/param, no pickle)")
+    g.add_argument("--history_file", default=None, help="per-epoch history, CSV (or JSON if it ends in .json)")
+    g.add_argument("--shared_storage", type=B, default=True, help="accepted for compatibility; has no effect")
+    for flag in ("enable_fused_bn_relu", "enable_fused_conv_relu", "enable_fused_conv_bn",
+                 "enable_fused_conv_bn_relu", "enable_best_of"):
+        g.add_argument(f"--{flag}", type=B, default=False,
+                       help="upstream fused-kernel variant: accepted, no effect (our kernels do not need it)")
+    g.add_argument("--tensor_format", default="AUTO", type=str.upper, choices=["NHWC", "NCHW", "AUTO"],
+                   help="accepted for compatibility: each backend keeps its fastest layout internally "
+                        "(CPU NHWC, GPU NCHW); users always see NCHW")
+    g.add_argument("--seed", type=int, default=0, help="fixes every random choice (weights, order, dropout, augmentation)")
+    g.add_argument("--resume", default=None, help="resume from a full checkpoint written by model_checkpoint")
+    g.add_argument("--checkpoint_dir", default="checkpoints", help="where model_checkpoint writes")
+
+    g = p.add_argument_group("dataset")
+    g.add_argument("--dataset", dest="dataset_name", default="synthetic",
+                   choices=["synthetic", "mnist", "cifar10", "imagenet"],
+                   help="synthetic (learnable, offline; upstream's default was mnist), mnist, cifar10, imagenet")
+    g.add_argument("--use_synthetic_data", type=B, default=False,
+                   help="learnable synthetic data shaped like --dataset (upstream used zeros)")
+    g.add_argument("--synthetic_samples", type=positive_int, default=None, help="training samples of synthetic data")
+    g.add_argument("--dataset_train_path", default=None, help="folder of the training files")
+    g.add_argument("--dataset_test_path", default=None, help="folder of the test files")
+    g.add_argument("--download", type=B, default=False, help="download missing mnist/cifar10 files into the cache")
+    g.add_argument("--test_as_validation", type=B, default=False, help="validate on the test set")
+    g.add_argument("--validation_split", type=finite_float, default=0.0, help="fraction of training data held out")
+    g.add_argument("--normalize", type=B, default=True, help="standardize pixels per channel")
+    g.add_argument("--flip_images", type=B, default=False, help="random horizontal flips (upstream flipped vertically)")
+    g.add_argument("--flip_images_prob", type=finite_float, default=0.5)
+    g.add_argument("--crop_images", type=B, default=False, help="random crops")
+    g.add_argument("--crop_images_size", type=positive_int, default=16)
+    g.add_argument("--crop_images_prob", type=finite_float, default=0.5)
+
+    g = p.add_argument_group("optimizer")
+    g.add_argument("--optimizer", dest="optimizer_name", default="sgd", choices=["sgd", "rmsprop", "adam", "nadam"])
+    g.add_argument("--learning_rate", type=finite_float, default=0.01)
+    g.add_argument("--learning_rate_scaling", type=B, default=True,
+                   help="data mode, SGD only: learning rate x replicas (as upstream)")
+    g.add_argument("--momentum", type=finite_float, default=0.9)
+    g.add_argument("--decay", type=finite_float, default=0.0, help="L2 weight decay added to the gradient")
+    g.add_argument("--nesterov", type=B, default=False)
+    g.add_argument("--beta1", type=finite_float, default=0.99)
+    g.add_argument("--beta2", type=finite_float, default=0.999)
+    g.add_argument("--epsilon", type=finite_float, default=1e-7)
+    g.add_argument("--rho", type=finite_float, default=0.9)
+    g.add_argument("--loss_func", default="categorical_cross_entropy",
+                   choices=["categorical_cross_entropy", "binary_cross_entropy"])
+    g.add_argument("--metrics", default="categorical_accuracy", help="comma list of metrics")
+
+    g = p.add_argument_group("LR schedulers (nothing writes files unless model_checkpoint is named)")
+    g.add_argument("--lr_schedulers", dest="lr_schedulers_names", default="early_stopping,reduce_lr_on_plateau",
+                   help="comma list of warm_up, early_stopping, reduce_lr_on_plateau, reduce_lr_every_nepochs, "
+                        "stop_at_loss, model_checkpoint (upstream's default also wrote checkpoints into the CWD); "
+                        "metric-driven ones need validation data and are skipped without it")
+    g.add_argument("--warm_up_epochs", type=nonneg_int, default=5)
+    g.add_argument("--early_stopping_metric", default="val_categorical_cross_entropy")
+    g.add_argument("--early_stopping_patience", type=nonneg_int, default=10)
+    g.add_argument("--reduce_lr_on_plateau_metric", default="val_categorical_cross_entropy")
+    g.add_argument("--reduce_lr_on_plateau_factor", type=finite_float, default=0.1)
+    g.add_argument("--reduce_lr_on_plateau_patience", type=nonneg_int, default=5)
+    g.add_argument("--reduce_lr_on_plateau_min_lr", type=finite_float, default=0.0)
+    g.add_argument("--reduce_lr_every_nepochs_factor", type=finite_float, default=0.1)
+    g.add_argument("--reduce_lr_every_nepochs_nepochs", type=positive_int, default=5)
+    g.add_argument("--reduce_lr_every_nepochs_min_lr", type=finite_float, default=0.0)
+    g.add_argument("--stop_at_loss_metric", default="val_categorical_accuracy",
+                   help="(upstream's default val_accuracy named no metric)")
+    g.add_argument("--stop_at_loss_threshold", type=finite_float, default=0.0)
+    g.add_argument("--model_checkpoint_metric", default="val_categorical_cross_entropy")
+    g.add_argument("--model_checkpoint_save_freq", type=positive_int, default=2, help="epochs")
+
+    g = p.add_argument_group("parallelism and heterogeneity")
+    g.add_argument("--parallel", default="sequential", choices=["sequential", "data"])
+    g.add_argument("--non_blocking_mpi", type=B, default=False,
+                   help="reduce gradients in reverse-order buckets with Iallreduce, overlapped with backward")
+    g.add_argument("--balance", default="none", choices=["none", "static", "dynamic"],
+                   help="split of the global batch: equal; proportional to --replica_speeds (or to probed "
+                        "speeds); or re-measured and re-split during training")
+    g.add_argument("--replica_speeds", type=float_list, default=None, help="v1,v2,... relative replica speeds")
+    g.add_argument("--rebalance_interval", type=positive_int, default=20, help="dynamic: steps between re-splits")
+    g.add_argument("--gradient_weighting", default="proportional", choices=["proportional", "uniform"],
+                   help="proportional: w_i = b_i/B (the exact global-batch gradient); uniform: w_i = 1/P")
+    g.add_argument("--emulate_speeds", type=float_list, default=None,
+                   help="f1,f2,...: replica i behaves as if its compute ran at f_i/max(f) of its speed (it "
+                        "sleeps for the missing time after each step's compute); for experiments on one machine")
+    g.add_argument("--threads_per_replica", type=positive_int, default=None, help="BLAS threads of each replica")
+    g.add_argument("--enable_gpu", type=B, default=False, help="run on the GPU backend (CuPy + cuDNN)")
+    g.add_argument("--enable_nccl", type=B, default=False, help="reduce GPU gradients with NCCL")
+    g.add_argument("--enable_gpudirect", type=B, default=False, help="accepted for compatibility")
+    g.add_argument("--enable_cudnn_auto_conv_alg", type=B, default=True, help="GPU: pick conv algorithms by measurement")
+
+    g = p.add_argument_group("tracing")
+    g.add_argument("--tracing", type=B, default=False, help="record a per-replica timeline")
+    g.add_argument("--tracer_output", default="", help="Chrome-trace JSON file of the timeline (default trace.json)")
+    g.add_argument("--profile", type=B, default=False, help="cProfile of rank 0's training, printed at the end")
+    g.add_argument("--progress_bar", type=B, default=True, help="tqdm progress bar on rank 0")
+    return p
+
+
+def parse_args(argv=None):
+    return build_parser().parse_args(argv)
+
+
+def _print_params(p, comm_size):
+    rows = [(k, v) for k, v in sorted(vars(p).items())]
+    width = max(len(k) for k, _ in rows)
+    print(f"PyDTNN parameters ({comm_size} replica(s)):")
+    for k, v in rows:
+        print(f"  {k.ljust(width)}  {v}")
+
+
+def run(p):
+    """Everything after parsing. Raises PyDTNNError for the user's mistakes."""
+    from pydtnn.parallel.comm import make_comm
+    comm = make_comm("auto") if p.parallel == "data" else make_comm("serial")
+    if p.parallel == "sequential" and _launched_with_many_processes():
+        raise ConfigError("several MPI processes with --parallel sequential would train independent copies; "
+                          "use --parallel data")
+    if p.threads_per_replica:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(p.threads_per_replica)
+
+    import numpy as np
+    from pydtnn.datasets import KNOWN_SHAPES, load_dataset
+    from pydtnn.model import Model
+    from pydtnn.models import build_model, default_input_shape
+    from pydtnn.optimizers import get_optimizer
+    from pydtnn.parallel import balance
+    from pydtnn.schedulers import make_schedulers
+    from pydtnn.trainer import Trainer
+
+    P, rank = comm.size, comm.rank
+    backend = "gpu" if p.enable_gpu else "cpu"
+    model = Model(backend=backend, dtype=p.dtype, seed=p.seed)
+    model.backend.seed(p.seed * 1000003 + rank)          # dropout: an independent stream per replica
+
+    synthetic = p.dataset_name == "synthetic" or p.use_synthetic_data
+    if synthetic:
+        if p.dataset_name != "synthetic":
+            shape, ncls = KNOWN_SHAPES[p.dataset_name]
+        elif os.path.isfile(p.model_name):
+            shape, ncls = None, None
+        else:
+            shape, ncls = default_input_shape(p.model_name), None
+        build_model(p.model_name, model, nclasses=ncls, input_shape=shape)
+        dataset = load_dataset("synthetic", input_shape=model.input_shape, nclasses=model.output_shape[0],
+                               synthetic_samples=p.synthetic_samples, seed=p.seed,
+                               validation_split=p.validation_split, test_as_validation=p.test_as_validation,
+                               normalize=p.normalize, flip_images=p.flip_images, flip_images_prob=p.flip_images_prob,
+                               crop_images=p.crop_images, crop_images_size=p.crop_images_size,
+                               crop_images_prob=p.crop_images_prob)
+    else:
+        dataset = load_dataset(p.dataset_name, train_path=p.dataset_train_path, test_path=p.dataset_test_path,
+                               validation_split=p.validation_split, test_as_validation=p.test_as_validation,
+                               normalize=p.normalize, flip_images=p.flip_images, flip_images_prob=p.flip_images_prob,
+                               crop_images=p.crop_images, crop_images_size=p.crop_images_size,
+                               crop_images_prob=p.crop_images_prob, seed=p.seed, download=p.download)
+        build_model(p.model_name, model, nclasses=dataset.nclasses,
+                    input_shape=None if os.path.isfile(p.model_name) else dataset.input_shape)
+    if tuple(model.input_shape) != tuple(dataset.input_shape):
+        raise ConfigError(f"model {p.model_name} takes inputs {model.input_shape} but dataset {p.dataset_name} "
+                          f"has {dataset.input_shape}")
+    if model.output_shape[0] != dataset.nclasses:
+        raise ConfigError(f"model {p.model_name} has {model.output_shape[0]} outputs but dataset "
+                          f"{p.dataset_name} has {dataset.nclasses} classes")
+
+    # global batch and its split
+    if p.parallel == "data":
+        B = p.global_batch_size or p.batch_size * P
+        if p.balance == "static" and p.replica_speeds:
+            if len(p.replica_speeds) != P:
+                raise ConfigError(f"--replica_speeds has {len(p.replica_speeds)} values for {P} replicas")
+            sizes = balance.partition(B, p.replica_speeds)
+        else:
+            sizes = balance.partition(B, [1.0] * P)
+    else:
+        B = p.global_batch_size or p.batch_size
+        sizes = [B]
+    emulate = 1.0
+    if p.emulate_speeds:
+        if len(p.emulate_speeds) != P:
+            raise ConfigError(f"--emulate_speeds has {len(p.emulate_speeds)} values for {P} replicas")
+        emulate = p.emulate_speeds[rank] / max(p.emulate_speeds)
+
+    lr = p.learning_rate
+    if p.parallel == "data" and p.learning_rate_scaling and p.optimizer_name == "sgd":
+        lr *= P
+    optimizer = get_optimizer(p.optimizer_name, learning_rate=lr, momentum=p.momentum, nesterov=p.nesterov,
+                              decay=p.decay, rho=p.rho, beta1=p.beta1, beta2=p.beta2, epsilon=p.epsilon)
+    metrics = [m.strip() for m in p.metrics.split(",") if m.strip()]
+    has_val = dataset.val is not None
+    schedulers = make_schedulers(p.lr_schedulers_names, p)
+    if not has_val:
+        metric_driven = [s for s in schedulers if getattr(s, "metric", "").startswith("val_")
+                         and s.name != "model_checkpoint"]
+        schedulers = [s for s in schedulers if s not in metric_driven]
+    tracer_output = (p.tracer_output or "trace.json") if p.tracing else None
+
+    trainer = Trainer(model, dataset, optimizer, loss=p.loss_func, metrics=metrics, comm=comm, global_batch=B,
+                      sizes=sizes, gradient_weighting=p.gradient_weighting, balance_mode=p.balance,
+                      rebalance_interval=p.rebalance_interval, emulate_speed=emulate,
+                      non_blocking=p.non_blocking_mpi, steps_per_epoch=p.steps_per_epoch, seed=p.seed,
+                      schedulers=schedulers, history_file=p.history_file, progress=p.progress_bar,
+                      tracer_output=tracer_output, flags=vars(p))
+    if p.weights_and_bias_filename:
+        from pydtnn.checkpoint import load_weights
+        load_weights(p.weights_and_bias_filename, model)
+    if p.resume:
+        trainer.resume(p.resume)
+    if p.parallel == "data" and p.balance == "static" and not p.replica_speeds:
+        trainer.sizes = _probe_sizes(trainer, B, P)
+
+    if rank == 0:
+        _print_params(p, P)
+        print(model.summary())
+        if p.parallel == "data":
+            print(f"global batch {B} split as {trainer.sizes} (balance {p.balance}, weighting {p.gradient_weighting})")
+        if not has_val and p.lr_schedulers_names:
+            print("note: no validation data; metric-driven LR schedulers are off "
+                  "(use --validation_split or --test_as_validation)")
+        sys.stdout.flush()
+
+    test = dataset.test
+    if p.evaluate_only:
+        _print_eval(trainer, test or dataset.val, "evaluation", rank)
+        return 0
+    if p.evaluate_on_train and test is not None:
+        _print_eval(trainer, test, "test before training", rank)
+    if p.profile and rank == 0:
+        import cProfile
+        import pstats
+        profiler = cProfile.Profile()
+        profiler.runcall(trainer.fit, p.num_epochs)
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+    else:
+        trainer.fit(p.num_epochs)
+    if p.evaluate_on_train and test is not None:
+        _print_eval(trainer, test, "test after training", rank)
+    if p.save_weights_and_bias_filename and rank == 0:
+        from pydtnn.checkpoint import save_weights
+        save_weights(p.save_weights_and_bias_filename, model)
+    if rank == 0:
+        for line in trainer.report():
+            print(line)
+    comm.barrier()
+    return 0
+
+
+def _probe_sizes(trainer, B, P):
+    """--balance static without --replica_speeds: time a few local steps and split B by measured speed."""
+    from pydtnn.model import one_hot
+    from pydtnn.parallel import balance
+    model = trainer.model
+    b = max(1, B // P)
+    idx = trainer.dataset.train.epoch_order(trainer.seed, 0)[:b]
+    x, labels = trainer.dataset.train.take(idx)
+    y = one_hot(labels, trainer.nclasses, model.dtype)
+    saved = [a.copy() for a in trainer._running_stats()]
+    rng_state = getattr(model.backend.rng, "bit_generator", None) and model.backend.rng.bit_generator.state
+    speeds = balance.probe_speeds(lambda: trainer._local_gradients(x, y, 1.0), trainer.comm, k=5,
+                                  samples_per_call=len(idx))
+    for a, s in zip(trainer._running_stats(), saved):
+        a[...] = s
+    if rng_state:
+        model.backend.rng.bit_generator.state = rng_state
+    return balance.partition(B, speeds.tolist())
+
+
+def _print_eval(trainer, split, what, rank):
+    if split is None:
+        raise ConfigError(f"{what}: the dataset has no test split")
+    results = trainer.evaluate(split)
+    if rank == 0:
+        print(f"{what}: " + ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
+
+
+def _launched_with_many_processes():
+    for key in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
+        if key in os.environ and os.environ[key].isdigit() and int(os.environ[key]) > 1:
+            return True
+    return False
+
+
+def _rank_hint():
+    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        if key in os.environ and os.environ[key].isdigit():
+            return int(os.environ[key])
+    return 0
+
+
+def main(argv=None) -> int:
+    try:
+        p = parse_args(argv)
+        return run(p)
+    except PyDTNNError as e:
+        if _rank_hint() == 0:
+            print(f"pydtnn: error: {e}", file=sys.stderr)
+        sys.stderr.flush()
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("pydtnn: interrupted", file=sys.stderr)
+        sys.exit(130)

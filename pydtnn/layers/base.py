@@ -1,0 +1,132 @@
+"""The Layer base class: shape inference, parameters as views of the model's flat buffers, forward/backward.
+
+A layer is written once for every backend: its math goes through `self.xp` (numpy or cupy) and the
+heavy kernels of `self.backend`. Shapes seen by users are per-sample and NCHW-ordered: (C, H, W) for
+images, (F,) for features.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pydtnn.errors import ConfigError, ShapeError
+from pydtnn.initializers import get_initializer
+
+
+def pair(value, what, layer_name):
+    """An int or a 2-sequence of ints -> (a, b)."""
+    if isinstance(value, (int, np.integer)):
+        return int(value), int(value)
+    try:
+        a, b = value
+        return int(a), int(b)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{layer_name}: {what} must be an int or a pair of ints, got {value!r}") from None
+
+
+class Layer:
+    """Base layer. Subclasses override `build`, `forward`, `backward` and, if trainable, `param_specs`."""
+
+    def __init__(self, activation=None, name=None):
+        self.activation = activation        # shortcut: the model adds this activation layer right after
+        self.name = name                    # set by the model when None ("conv2d_3")
+        self.backend = None
+        self.xp = None
+        self.in_shape = None                # per-sample input shape
+        self.shape = None                   # per-sample output shape
+        self._param_values = {}             # name -> array (a view of the model's flat buffer once packed)
+        self._grad_values = {}
+
+    # --- wiring -------------------------------------------------------------------------------------
+    @property
+    def type_name(self) -> str:
+        return type(self).__name__
+
+    def initialize(self, in_shape, backend, rng, namer):
+        """Attach to a backend, infer the output shape, and draw initial parameters (host, float64)."""
+        self.backend, self.xp = backend, backend.xp
+        if self.name is None:
+            self.name = namer(self)
+        self.in_shape = tuple(int(d) for d in in_shape)
+        self.shape = tuple(int(d) for d in self.build(self.in_shape))
+        if any(d <= 0 for d in self.shape):
+            raise ShapeError(f"layer {self.name} ({self.type_name}): input {self.in_shape} gives an empty "
+                             f"output {self.shape}")
+        for pname, (pshape, init, fan_in, fan_out) in self.param_specs().items():
+            values = get_initializer(init)(pshape, fan_in, fan_out, rng)
+            self._param_values[pname] = backend.asarray(values)
+            self._grad_values[pname] = backend.xp.zeros(pshape, dtype=backend.dtype)
+        self.after_initialize(rng)
+        return self.shape
+
+    def build(self, in_shape):
+        """Check the input shape and return the output shape (raise ShapeError naming the layer)."""
+        return in_shape
+
+    def after_initialize(self, rng):
+        """Hook for non-trainable state (BatchNormalization's running statistics)."""
+
+    def param_specs(self) -> dict:
+        """name -> (shape, initializer, fan_in, fan_out), in a fixed order."""
+        return {}
+
+    def shape_error(self, message):
+        return ShapeError(f"layer {self.name} ({self.type_name}) with input shape {self.in_shape}: {message}")
+
+    # --- parameters ---------------------------------------------------------------------------------
+    def param_names(self):
+        return list(self._param_values)
+
+    def get_param(self, pname):
+        return self._param_values[pname]
+
+    def get_grad(self, pname):
+        return self._grad_values[pname]
+
+    def bind_flat(self, pname, param_view, grad_view):
+        """Make a parameter and its gradient views of the model's flat buffers (values are copied in)."""
+        param_view[...] = self._param_values[pname]
+        grad_view[...] = 0
+        self._param_values[pname] = param_view
+        self._grad_values[pname] = grad_view
+
+    def state_arrays(self) -> dict:
+        """Non-trainable arrays that belong in checkpoints (running statistics)."""
+        return {}
+
+    def sublayers(self):
+        """Nested layers in forward order (blocks override)."""
+        return []
+
+    @property
+    def nparams(self) -> int:
+        return sum(int(np.prod(s)) for s, *_ in self.param_specs().values())
+
+    def weight_shape_str(self) -> str:
+        return ", ".join(str(tuple(s)) for s, *_ in self.param_specs().values())
+
+    # --- computation --------------------------------------------------------------------------------
+    def forward(self, x, training=False):
+        raise NotImplementedError
+
+    def backward(self, dy):
+        raise NotImplementedError
+
+
+class ParamAttr:
+    """Descriptor exposing a named parameter or gradient as an attribute (layer.weights, layer.dw)."""
+
+    def __init__(self, pname, grad=False):
+        self.pname, self.grad = pname, grad
+
+    def __get__(self, layer, owner=None):
+        if layer is None:
+            return self
+        store = layer._grad_values if self.grad else layer._param_values
+        return store.get(self.pname)
+
+    def __set__(self, layer, value):
+        store = layer._grad_values if self.grad else layer._param_values
+        if self.pname in store and hasattr(store[self.pname], "shape"):
+            store[self.pname][...] = value          # keep it a view of the flat buffer
+        else:
+            store[self.pname] = value

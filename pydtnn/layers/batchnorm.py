@@ -1,0 +1,52 @@
+"""BatchNormalization over channels (images) or features (flat input).
+
+Training normalizes with the local batch statistics and updates the running ones:
+running = momentum * running + (1 - momentum) * batch, with the unbiased batch variance (as PyTorch and
+Keras do). Inference uses the running statistics.
+"""
+from pydtnn.layers.base import Layer, ParamAttr
+
+
+class BatchNormalization(Layer):
+    gamma, beta = ParamAttr("gamma"), ParamAttr("beta")
+    dgamma, dbeta = ParamAttr("gamma", grad=True), ParamAttr("beta", grad=True)
+
+    def __init__(self, momentum=0.9, epsilon=1e-5, gamma_initializer="ones", beta_initializer="zeros", name=None):
+        super().__init__(name=name)
+        self.momentum, self.epsilon = float(momentum), float(epsilon)
+        self.gamma_initializer, self.beta_initializer = gamma_initializer, beta_initializer
+
+    def build(self, in_shape):
+        if len(in_shape) not in (1, 3):
+            raise self.shape_error("BatchNormalization needs (C, H, W) or (features,) input")
+        return in_shape
+
+    def param_specs(self):
+        c = self.in_shape[0]
+        return {"gamma": ((c,), self.gamma_initializer, c, c), "beta": ((c,), self.beta_initializer, c, c)}
+
+    def after_initialize(self, rng):
+        c = self.in_shape[0]
+        self.mean = self.xp.zeros((c,), dtype=self.backend.dtype)
+        self.var = self.xp.ones((c,), dtype=self.backend.dtype)
+
+    def state_arrays(self):
+        return {"mean": self.mean, "var": self.var}
+
+    def forward(self, x, training=False):
+        if not training:
+            return self.backend.batchnorm_forward_infer(x, self.gamma, self.beta, self.mean, self.var, self.epsilon)
+        y, mean, var, self.ctx = self.backend.batchnorm_forward_train(x, self.gamma, self.beta, self.epsilon)
+        n = x.size // x.shape[self.backend.channel_axis if x.ndim == 4 else 1]
+        m = self.momentum
+        self.mean *= m
+        self.mean += (1 - m) * mean
+        self.var *= m
+        self.var += (1 - m) * var * (n / max(n - 1, 1))
+        return y
+
+    def backward(self, dy):
+        dx, dgamma, dbeta = self.backend.batchnorm_backward(dy, self.ctx)
+        self.dgamma[...] = dgamma
+        self.dbeta[...] = dbeta
+        return dx

@@ -1,0 +1,102 @@
+"""AdditionBlock and ConcatenationBlock: parallel paths over one input, merged by sum or channel concat.
+
+Each path is a list of layers; [] is the identity path. Paths' parameters are laid out in the model's flat
+buffer in forward order (path 0 first), and backward visits the paths in reverse so that gradients become
+final from the end of the buffer towards its start (what the bucketed reducer relies on).
+"""
+from pydtnn.layers.base import Layer
+
+
+class _Block(Layer):
+    def __init__(self, *paths, name=None):
+        super().__init__(name=name)
+        if not paths:
+            raise ValueError(f"{type(self).__name__} needs at least one path")
+        self.paths = [list(p) for p in paths]
+
+    def initialize(self, in_shape, backend, rng, namer):
+        from pydtnn.model import expand_activations
+        self.backend, self.xp = backend, backend.xp
+        if self.name is None:
+            self.name = namer(self)
+        self.in_shape = tuple(in_shape)
+        self.paths = [expand_activations(p) for p in self.paths]
+        out_shapes = []
+        for path in self.paths:
+            shape = self.in_shape
+            for layer in path:
+                shape = layer.initialize(shape, backend, rng, namer)
+            out_shapes.append(shape)
+        self.shape = tuple(self.merge_shape(out_shapes))
+        return self.shape
+
+    def sublayers(self):
+        out = []
+        for path in self.paths:
+            for layer in path:
+                out.append(layer)
+                out.extend(layer.sublayers())
+        return out
+
+    def weight_shape_str(self):
+        return ""
+
+    @property
+    def nparams(self):
+        return sum(l.nparams for path in self.paths for l in path)
+
+    def forward(self, x, training=False):
+        outs = []
+        for path in self.paths:
+            y = x
+            for layer in path:
+                y = layer.forward(y, training)
+            outs.append(y)
+        return self.merge(outs)
+
+    def backward(self, dy):
+        dx = None
+        for path, dpath in reversed(list(zip(self.paths, self.split(dy)))):
+            for layer in reversed(path):
+                dpath = layer.backward(dpath)
+            dx = dpath if dx is None else dx + dpath
+        return dx
+
+
+class AdditionBlock(_Block):
+    def merge_shape(self, shapes):
+        if any(s != shapes[0] for s in shapes):
+            raise self.shape_error(f"paths give different shapes {shapes}; an addition needs equal shapes")
+        return shapes[0]
+
+    def merge(self, outs):
+        y = outs[0].copy() if len(outs) > 1 else outs[0]
+        for o in outs[1:]:
+            y += o
+        return y
+
+    def split(self, dy):
+        return [dy] * len(self.paths)
+
+
+class ConcatenationBlock(_Block):
+    def merge_shape(self, shapes):
+        if any(len(s) != len(shapes[0]) or s[1:] != shapes[0][1:] for s in shapes):
+            raise self.shape_error(f"paths give shapes {shapes}; a concatenation needs equal shapes but channels")
+        self.sizes = [s[0] for s in shapes]
+        return (sum(self.sizes),) + tuple(shapes[0][1:])
+
+    def _axis(self, ndim):
+        return self.backend.channel_axis if ndim == 4 else 1
+
+    def merge(self, outs):
+        return self.xp.concatenate(outs, axis=self._axis(outs[0].ndim))
+
+    def split(self, dy):
+        axis, pieces, start = self._axis(dy.ndim), [], 0
+        for size in self.sizes:
+            index = [slice(None)] * dy.ndim
+            index[axis] = slice(start, start + size)
+            pieces.append(dy[tuple(index)])
+            start += size
+        return pieces

@@ -1,0 +1,90 @@
+"""Conv2D: 2-D convolution with stride, padding, dilation and depthwise / pointwise grouping.
+
+Weights are (nfilters, C // groups, kh, kw) on every backend; the backend's kernels do the work.
+"""
+from pydtnn.backends import ConvSpec
+from pydtnn.errors import ConfigError
+from pydtnn.layers.base import Layer, ParamAttr, pair
+
+
+class Conv2D(Layer):
+    weights, biases = ParamAttr("weights"), ParamAttr("biases")
+    dw, db = ParamAttr("weights", grad=True), ParamAttr("biases", grad=True)
+
+    def __init__(self, nfilters=None, filter_shape=None, padding=0, stride=1, dilation=1, activation=None,
+                 use_bias=True, grouping=None, weights_initializer="glorot_uniform", biases_initializer="zeros",
+                 name=None):
+        super().__init__(activation=activation, name=name)
+        if grouping not in (None, "standard", "depthwise", "pointwise"):
+            raise ConfigError(f"Conv2D grouping must be None, 'depthwise' or 'pointwise', got {grouping!r}")
+        if grouping == "pointwise":
+            if filter_shape not in (None, 1, (1, 1), [1, 1]):
+                raise ConfigError(f"Conv2D grouping='pointwise' means a 1x1 filter, got filter_shape={filter_shape}")
+            filter_shape = (1, 1)
+        elif filter_shape is None:
+            filter_shape = (3, 3)
+        self.nfilters, self.grouping = nfilters, grouping
+        self.filter_shape = pair(filter_shape, "filter_shape", "Conv2D")
+        self.padding_arg, self.stride, self.dilation = padding, pair(stride, "stride", "Conv2D"), \
+            pair(dilation, "dilation", "Conv2D")
+        self.use_bias = use_bias
+        self.weights_initializer, self.biases_initializer = weights_initializer, biases_initializer
+
+    def _padding(self):
+        if self.padding_arg == "valid":
+            return (0, 0)
+        if self.padding_arg == "same":
+            if self.stride != (1, 1):
+                raise self.shape_error("padding='same' needs stride 1")
+            (kh, kw), (dh, dw) = self.filter_shape, self.dilation
+            if (dh * (kh - 1)) % 2 or (dw * (kw - 1)) % 2:
+                raise self.shape_error("padding='same' needs an odd (dilated) filter size")
+            return (dh * (kh - 1) // 2, dw * (kw - 1) // 2)
+        return pair(self.padding_arg, "padding", self.name)
+
+    def build(self, in_shape):
+        if len(in_shape) != 3:
+            raise self.shape_error("Conv2D needs (C, H, W) input")
+        c, h, w = in_shape
+        if self.grouping == "depthwise":
+            if self.nfilters not in (None, c):
+                raise self.shape_error(f"a depthwise convolution keeps the {c} channels; nfilters={self.nfilters}")
+            nfilters, groups = c, c
+        else:
+            if not self.nfilters or self.nfilters <= 0:
+                raise self.shape_error(f"nfilters must be a positive int, got {self.nfilters!r}")
+            nfilters, groups = self.nfilters, 1
+        if min(self.stride) < 1 or min(self.dilation) < 1 or min(self.filter_shape) < 1:
+            raise self.shape_error("filter_shape, stride and dilation must be >= 1")
+        padding = self._padding()
+        if min(padding) < 0:
+            raise self.shape_error(f"padding must be >= 0, got {padding}")
+        self.spec = ConvSpec(c, nfilters, self.filter_shape, self.stride, padding, self.dilation, groups)
+        ho, wo = self.spec.output_hw(h, w)
+        if ho <= 0 or wo <= 0:
+            raise self.shape_error(f"the {self.filter_shape} filter (dilation {self.dilation}, padding {padding}) "
+                                   f"does not fit the {h}x{w} input")
+        return (nfilters, ho, wo)
+
+    def param_specs(self):
+        s = self.spec
+        kh, kw = s.kernel
+        fan_in = s.in_channels // s.groups * kh * kw
+        fan_out = s.out_channels // s.groups * kh * kw
+        specs = {"weights": ((s.out_channels, s.in_channels // s.groups, kh, kw), self.weights_initializer,
+                             fan_in, fan_out)}
+        if self.use_bias:
+            specs["biases"] = ((s.out_channels,), self.biases_initializer, fan_in, fan_out)
+        return specs
+
+    def forward(self, x, training=False):
+        y, self.ctx = self.backend.conv2d_forward(x, self.weights, self.biases if self.use_bias else None,
+                                                  self.spec)
+        return y
+
+    def backward(self, dy):
+        dw, db = self.backend.conv2d_backward_weights(dy, self.ctx, self.spec, self.use_bias)
+        self.dw[...] = dw
+        if self.use_bias:
+            self.db[...] = db
+        return self.backend.conv2d_backward_data(dy, self.weights, self.ctx, self.spec)

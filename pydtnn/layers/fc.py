@@ -1,0 +1,41 @@
+"""FC: fully connected layer, y = x @ W + b with W of shape (in_features, out_features)."""
+from pydtnn.layers.base import Layer, ParamAttr
+
+
+class FC(Layer):
+    weights, biases = ParamAttr("weights"), ParamAttr("biases")
+    dw, db = ParamAttr("weights", grad=True), ParamAttr("biases", grad=True)
+
+    def __init__(self, shape, activation=None, use_bias=True, weights_initializer="glorot_uniform",
+                 biases_initializer="zeros", name=None):
+        super().__init__(activation=activation, name=name)
+        self.out_features = int(shape[0]) if isinstance(shape, (tuple, list)) else int(shape)
+        self.use_bias = use_bias
+        self.weights_initializer, self.biases_initializer = weights_initializer, biases_initializer
+
+    def build(self, in_shape):
+        if len(in_shape) != 1:
+            raise self.shape_error("FC needs flat (features,) input; add a Flatten layer before it")
+        if self.out_features <= 0:
+            raise self.shape_error(f"output size must be positive, got {self.out_features}")
+        return (self.out_features,)
+
+    def param_specs(self):
+        n_in, n_out = self.in_shape[0], self.out_features
+        specs = {"weights": ((n_in, n_out), self.weights_initializer, n_in, n_out)}
+        if self.use_bias:
+            specs["biases"] = ((n_out,), self.biases_initializer, n_in, n_out)
+        return specs
+
+    def forward(self, x, training=False):
+        self.x = x
+        y = x @ self.weights
+        if self.use_bias:
+            y += self.biases
+        return y
+
+    def backward(self, dy):
+        self.xp.matmul(self.x.T, dy, out=self.dw)
+        if self.use_bias:
+            dy.sum(axis=0, out=self.db)
+        return dy @ self.weights.T

@@ -1,0 +1,295 @@
+"""Model: an ordered list of layers (blocks nest more), one flat parameter buffer and one flat gradient buffer.
+
+    model = Model(backend="cpu", dtype="float32", seed=0)
+    model.add(Input(shape=(1, 28, 28)))
+    model.add(Conv2D(nfilters=4, filter_shape=(3, 3), padding=1, activation="relu"))
+    ...
+    y = model.forward(x, training=True)
+    dx = model.backward(dy)
+
+Parameters live in `model.params` and gradients in `model.grads`, each ONE contiguous array; every layer's
+weights and gradients are views into them, laid out in forward order. Optimizers update the flat buffers
+in one pass, and communicators reduce the gradient buffer in one call (or in reverse-order buckets).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from pydtnn.activations import make_activation
+from pydtnn.backends import Backend, get_backend
+from pydtnn.errors import ConfigError, ShapeError
+from pydtnn.layers.base import Layer
+from pydtnn.layers.input import Input
+from pydtnn.losses import get_loss
+from pydtnn.metrics import get_metric
+
+
+def expand_activations(layers):
+    """Insert the activation layer that an `activation="relu"` shortcut asks for after its layer."""
+    out = []
+    for layer in layers:
+        out.append(layer)
+        if layer.activation is not None:
+            out.append(make_activation(layer.activation))
+            layer.activation = None
+    return out
+
+
+class Model:
+    def __init__(self, backend="cpu", dtype="float32", seed=0):
+        self.backend = backend if isinstance(backend, Backend) else get_backend(backend, dtype, seed)
+        self.dtype = self.backend.dtype
+        self.xp = self.backend.xp
+        self.seed = int(seed)
+        self.init_rng = np.random.default_rng(self.seed)   # host RNG: same initial weights on every backend
+        self.layers: list[Layer] = []
+        self._name_counts: dict[str, int] = {}
+        self._params = self._grads = None
+
+    # --- building -----------------------------------------------------------------------------------
+    def _name(self, layer):
+        base = re.sub(r"(?<!^)(?=[A-Z][a-z])", "_", layer.type_name).lower()
+        count = self._name_counts.get(base, 0)
+        self._name_counts[base] = count + 1
+        return base if count == 0 else f"{base}_{count}"
+
+    def add(self, layer: Layer) -> Layer:
+        """Append a layer (and its activation shortcut), inferring its shapes and drawing its weights."""
+        if not isinstance(layer, Layer):
+            raise ConfigError(f"Model.add expects a layer, got {type(layer).__name__}")
+        if not self.layers and not isinstance(layer, Input):
+            raise ShapeError(f"the first layer must be Input(shape=...), got {layer.type_name}")
+        if self.layers and isinstance(layer, Input):
+            raise ShapeError("Input can only be the first layer")
+        for new in expand_activations([layer]):
+            in_shape = self.layers[-1].shape if self.layers else ()
+            new.initialize(in_shape, self.backend, self.init_rng, self._name)
+            self.layers.append(new)
+        self._params = self._grads = None         # repacked on next use
+        return layer
+
+    def all_layers(self):
+        """Every layer, nested ones included, in forward (= flat buffer) order."""
+        for layer in self.layers:
+            yield layer
+            yield from layer.sublayers()
+
+    def _pack(self):
+        """Move every parameter into one flat buffer and every gradient into another (views per layer)."""
+        owners = [(layer, name) for layer in self.all_layers() for name in layer.param_names()]
+        total = sum(int(layer.get_param(name).size) for layer, name in owners)
+        xp = self.xp
+        self._params = xp.empty(total, dtype=self.dtype)
+        self._grads = xp.zeros(total, dtype=self.dtype)
+        offset = 0
+        self.param_offsets = {}
+        for layer, name in owners:
+            shape = layer.get_param(name).shape
+            size = int(np.prod(shape))
+            layer.bind_flat(name, self._params[offset:offset + size].reshape(shape),
+                            self._grads[offset:offset + size].reshape(shape))
+            self.param_offsets[f"{layer.name}/{name}"] = (offset, size)
+            offset += size
+        # top-level layer i owns params from _starts[i]; after its backward grads[_starts[i]:] are final
+        self._starts, offset = [], 0
+        for layer in self.layers:
+            self._starts.append(offset)
+            offset += layer.nparams
+
+    @property
+    def params(self):
+        if self._params is None:
+            self._pack()
+        return self._params
+
+    @property
+    def grads(self):
+        if self._grads is None:
+            self._pack()
+        return self._grads
+
+    @property
+    def nparams(self) -> int:
+        return sum(layer.nparams for layer in self.layers)
+
+    @property
+    def input_shape(self):
+        return self.layers[0].shape
+
+    @property
+    def output_shape(self):
+        return self.layers[-1].shape
+
+    # --- computation --------------------------------------------------------------------------------
+    def forward(self, x, training=False, upto=None):
+        """Run the layers (all, or the first `upto`) on x (N, *input_shape); 4-D outputs come back NCHW."""
+        if self._params is None:
+            self._pack()
+        if not self.layers:
+            raise ShapeError("the model has no layers")
+        for layer in self.layers[:upto]:
+            x = layer.forward(x, training)
+        return self.backend.to_user(x) if x.ndim == 4 else x
+
+    def backward(self, dy, on_grads_ready=None, start=None):
+        """Back-propagate dy (dL/d output) through the layers, filling `grads`; returns dL/dx (NCHW).
+
+        `start` skips the layers from that index on (used when the loss already fused the last one);
+        `on_grads_ready(lo)` is called after each layer with parameters: grads[lo:] are then final.
+        """
+        if dy.ndim == 4:
+            dy = self.backend.to_internal(dy)
+        stop = len(self.layers) if start is None else start
+        for i in range(stop - 1, -1, -1):
+            dy = self.layers[i].backward(dy)
+            if on_grads_ready is not None and self.layers[i].nparams:
+                on_grads_ready(self._starts[i])
+        return dy
+
+    def compute_gradients(self, x, y, loss, loss_scale=1.0, on_grads_ready=None):
+        """Forward in training mode, loss, backward. Fills `grads` with loss_scale * d(mean loss)/d params.
+
+        Returns (loss value, predictions). When the model ends in the activation the loss fuses with
+        (Softmax + categorical cross-entropy), the loss is computed from the logits.
+        """
+        loss = get_loss(loss)
+        fused = loss.fuses_with is not None and isinstance(self.layers[-1], loss.fuses_with)
+        stop = len(self.layers) - 1 if fused else len(self.layers)
+        out = self.forward(x, training=True, upto=stop)
+        y = self.backend.asarray(y)
+        if fused:
+            value, y_pred, dy = loss.from_logits(out, y)
+        else:
+            value, dy = loss(out, y)
+            y_pred = out
+        if loss_scale != 1.0:
+            dy *= dy.dtype.type(loss_scale)
+        self.backward(dy, on_grads_ready=on_grads_ready, start=stop)
+        return value, y_pred
+
+    # --- state ----------------------------------------------------------------------------------------
+    def state_arrays(self) -> dict:
+        """Every parameter and running statistic as host arrays, keyed "layer_name/param" (stable, NCHW)."""
+        self.params  # noqa: B018  (packs if needed)
+        out = {}
+        for layer in self.all_layers():
+            for name in layer.param_names():
+                out[f"{layer.name}/{name}"] = self.backend.to_numpy(layer.get_param(name))
+            for name, value in layer.state_arrays().items():
+                out[f"{layer.name}/{name}"] = self.backend.to_numpy(value)
+        return out
+
+    def load_state_arrays(self, arrays: dict, source="weights"):
+        """Copy arrays produced by `state_arrays` (possibly of another backend) back in; checks every key."""
+        expected = self.state_arrays()
+        missing = sorted(set(expected) - set(arrays))
+        extra = sorted(set(arrays) - set(expected))
+        if missing or extra:
+            detail = f"missing {missing[:3]}" if missing else f"unexpected {extra[:3]}"
+            from pydtnn.errors import CheckpointError
+            raise CheckpointError(f"{source} does not match this model: {detail}")
+        for layer in self.all_layers():
+            targets = {n: layer.get_param(n) for n in layer.param_names()}
+            targets.update(layer.state_arrays())
+            for name, target in targets.items():
+                key = f"{layer.name}/{name}"
+                value = np.asarray(arrays[key])
+                if value.shape != tuple(target.shape):
+                    from pydtnn.errors import CheckpointError
+                    raise CheckpointError(f"{source}: {key} has shape {value.shape}, the model expects "
+                                          f"{tuple(target.shape)}")
+                target[...] = self.backend.asarray(value)
+
+    # --- reporting ----------------------------------------------------------------------------------
+    def summary(self) -> str:
+        """A table of layer, output shape, weight shapes and parameter count, with totals."""
+        rows = [("Layer", "Type", "Output shape", "Weights", "Params")]
+
+        def walk(layers, indent):
+            for layer in layers:
+                rows.append(("  " * indent + layer.name, layer.type_name, str(layer.shape),
+                             layer.weight_shape_str(), f"{layer.nparams:,}"))
+                for p, path in enumerate(getattr(layer, "paths", [])):
+                    rows.append(("  " * (indent + 1) + f"path {p}" + (" (identity)" if not path else ""),
+                                 "", "", "", ""))
+                    walk(path, indent + 2)
+        walk(self.layers, 0)
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        line = "-" * (sum(widths) + 8)
+        fmt = lambda r: "  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        body = [fmt(rows[0]), line] + [fmt(r) for r in rows[1:]] + [line]
+        body.append(f"Total parameters: {self.nparams:,}  ({self.nparams * self.dtype.itemsize / 2**20:.2f} MiB "
+                    f"as {self.dtype.name}, backend {self.backend.name})")
+        return "\n".join(body)
+
+    # --- a minimal training loop for the Python API (the launcher's trainer is pydtnn.trainer) --------
+    def fit(self, x, y, *, epochs=1, batch_size=64, optimizer=None, loss="categorical_cross_entropy",
+            metrics=("categorical_accuracy",), validation_data=None, shuffle=True, verbose=False):
+        """Train on host arrays x (N, ...) and y (one-hot (N, K) or integer labels). Returns a history dict."""
+        from pydtnn.optimizers import SGD
+        optimizer = optimizer or SGD()
+        loss = get_loss(loss)
+        metric_fns = {m: get_metric(m) for m in metrics}
+        y = self._one_hot(y)
+        rng = np.random.default_rng(self.seed)
+        history = {"loss": [], **{m: [] for m in metric_fns}}
+        if validation_data is not None:
+            history.update({"val_loss": [], **{f"val_{m}": [] for m in metric_fns}})
+        n = len(x)
+        for epoch in range(epochs):
+            order = rng.permutation(n) if shuffle else np.arange(n)
+            totals, seen = {k: 0.0 for k in ["loss", *metric_fns]}, 0
+            for start in range(0, n, batch_size):
+                idx = order[start:start + batch_size]
+                value, y_pred = self.compute_gradients(x[idx], y[idx], loss)
+                if not np.isfinite(value):
+                    from pydtnn.errors import NumericalError
+                    raise NumericalError(f"the loss became {value} at epoch {epoch + 1}, samples {start}..")
+                optimizer.step(self.params, self.grads)
+                totals["loss"] += value * len(idx)
+                yb = self.backend.asarray(y[idx])
+                for m, f in metric_fns.items():
+                    totals[m] += f(y_pred, yb) * len(idx)
+                seen += len(idx)
+            for k, v in totals.items():
+                history[k].append(v / seen)
+            if validation_data is not None:
+                results = self.evaluate(*validation_data, batch_size=batch_size, loss=loss, metrics=metrics)
+                for k, v in results.items():
+                    history[f"val_{k}"].append(v)
+            if verbose:
+                print(f"epoch {epoch + 1}: " + ", ".join(f"{k}={v[-1]:.4f}" for k, v in history.items()))
+        return history
+
+    def evaluate(self, x, y, *, batch_size=256, loss="categorical_cross_entropy", metrics=("categorical_accuracy",)):
+        """Loss and metrics (inference mode) over host arrays, averaged over samples."""
+        loss = get_loss(loss)
+        metric_fns = {m: get_metric(m) for m in metrics}
+        y = self._one_hot(y)
+        totals = {k: 0.0 for k in ["loss", *metric_fns]}
+        for start in range(0, len(x), batch_size):
+            xb, yb = x[start:start + batch_size], self.backend.asarray(y[start:start + batch_size])
+            y_pred = self.forward(xb, training=False)
+            totals["loss"] += loss(y_pred, yb)[0] * len(xb)
+            for m, f in metric_fns.items():
+                totals[m] += f(y_pred, yb) * len(xb)
+        return {k: v / len(x) for k, v in totals.items()}
+
+    def _one_hot(self, y):
+        y = np.asarray(y)
+        if y.ndim == 1:
+            return one_hot(y, self.output_shape[0], self.dtype)
+        return y.astype(self.dtype, copy=False)
+
+
+def one_hot(labels, nclasses, dtype):
+    """Integer labels (N,) -> one-hot host array (N, nclasses)."""
+    labels = np.asarray(labels)
+    if labels.size and (labels.min() < 0 or labels.max() >= nclasses):
+        raise ConfigError(f"labels must be in 0..{nclasses - 1}, got {labels.min()}..{labels.max()} "
+                          f"(does the model's output size match the dataset's classes?)")
+    out = np.zeros((len(labels), nclasses), dtype=dtype)
+    out[np.arange(len(labels)), labels] = 1
+    return out

@@ -1,0 +1,173 @@
+"""Learning-rate schedulers and training callbacks, with upstream PyDTNN's names and flags.
+
+A scheduler sees the trainer at a few points: `on_batch_begin(trainer, global_step)` and
+`on_epoch_end(trainer, epoch, logs)`; it may change `trainer.optimizer.learning_rate`, set
+`trainer.stop_training`, or ask `trainer.save_checkpoint(path)`. Every rank runs the same schedulers on
+the same (reduced) logs, so they take the same decisions. Nothing writes files unless asked:
+model_checkpoint only runs when named in --lr_schedulers.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+from pydtnn.errors import ConfigError
+
+
+def _maximize(metric: str) -> bool:
+    return "accuracy" in metric
+
+
+class Scheduler:
+    name = None
+
+    def on_batch_begin(self, trainer, global_step):
+        pass
+
+    def on_epoch_end(self, trainer, epoch, logs):
+        pass
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in vars(self).items() if isinstance(v, (int, float, str, bool, type(None)))}
+
+    def load_state_dict(self, state: dict):
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def _value(self, logs, metric):
+        if metric not in logs:
+            raise ConfigError(f"{self.name}: metric {metric!r} is not computed; available: {', '.join(sorted(logs))}"
+                              + ("" if any(k.startswith("val_") for k in logs) else
+                                 " (val_* metrics need --validation_split or --test_as_validation)"))
+        return float(logs[metric])
+
+
+class _Monitor(Scheduler):
+    """Tracks the best value of a metric and how many epochs passed without improving it."""
+
+    def __init__(self, metric, patience):
+        self.metric, self.patience = metric, int(patience)
+        self.best = -math.inf if _maximize(metric) else math.inf
+        self.wait = 0
+
+    def _improved(self, logs) -> bool:
+        value = self._value(logs, self.metric)
+        better = value > self.best if _maximize(self.metric) else value < self.best
+        if better:
+            self.best, self.wait = value, 0
+        else:
+            self.wait += 1
+        return better
+
+
+class WarmUp(Scheduler):
+    """Linear learning-rate ramp from base/steps to base over the first warm_up_epochs (per batch)."""
+    name = "warm_up"
+
+    def __init__(self, warm_up_epochs=5):
+        self.warm_up_epochs = int(warm_up_epochs)
+        self.base_lr = None
+
+    def on_batch_begin(self, trainer, global_step):
+        if self.base_lr is None:
+            self.base_lr = trainer.optimizer.learning_rate
+        total = self.warm_up_epochs * trainer.steps_per_epoch
+        if global_step < total:
+            trainer.optimizer.learning_rate = self.base_lr * (global_step + 1) / total
+        elif global_step == total:
+            trainer.optimizer.learning_rate = self.base_lr
+
+
+class EarlyStopping(_Monitor):
+    """Stop when the metric has not improved for `patience` epochs."""
+    name = "early_stopping"
+
+    def on_epoch_end(self, trainer, epoch, logs):
+        if not self._improved(logs) and self.wait >= self.patience:
+            trainer.stop_training = True
+            trainer.log(f"early_stopping: {self.metric} did not improve for {self.patience} epochs; stopping")
+
+
+class ReduceLROnPlateau(_Monitor):
+    name = "reduce_lr_on_plateau"
+
+    def __init__(self, metric, factor=0.1, patience=5, min_lr=0.0):
+        super().__init__(metric, patience)
+        self.factor, self.min_lr = float(factor), float(min_lr)
+
+    def on_epoch_end(self, trainer, epoch, logs):
+        if not self._improved(logs) and self.wait >= self.patience:
+            opt = trainer.optimizer
+            opt.learning_rate = max(opt.learning_rate * self.factor, self.min_lr)
+            self.wait = 0
+            trainer.log(f"reduce_lr_on_plateau: learning rate -> {opt.learning_rate:g}")
+
+
+class ReduceLREveryNEpochs(Scheduler):
+    name = "reduce_lr_every_nepochs"
+
+    def __init__(self, factor=0.1, nepochs=5, min_lr=0.0):
+        self.factor, self.nepochs, self.min_lr = float(factor), int(nepochs), float(min_lr)
+
+    def on_epoch_end(self, trainer, epoch, logs):
+        if (epoch + 1) % self.nepochs == 0:
+            opt = trainer.optimizer
+            opt.learning_rate = max(opt.learning_rate * self.factor, self.min_lr)
+
+
+class StopAtLoss(Scheduler):
+    """Stop once the metric reaches the threshold (>= for accuracies, <= for losses and errors)."""
+    name = "stop_at_loss"
+
+    def __init__(self, metric="val_categorical_accuracy", threshold=0.0):
+        self.metric, self.threshold = metric, float(threshold)
+
+    def on_epoch_end(self, trainer, epoch, logs):
+        value = self._value(logs, self.metric)
+        if (value >= self.threshold) if _maximize(self.metric) else (value <= self.threshold):
+            trainer.stop_training = True
+            trainer.log(f"stop_at_loss: {self.metric}={value:.4f} reached {self.threshold}; stopping")
+
+
+class ModelCheckpoint(_Monitor):
+    """Every save_freq epochs, write a full checkpoint (and keep `best.npz` for the best metric)."""
+    name = "model_checkpoint"
+
+    def __init__(self, metric, save_freq=2, checkpoint_dir="checkpoints"):
+        super().__init__(metric, patience=0)
+        self.save_freq, self.checkpoint_dir = int(save_freq), str(checkpoint_dir)
+
+    def on_epoch_end(self, trainer, epoch, logs):
+        if (epoch + 1) % self.save_freq == 0:
+            trainer.save_checkpoint(os.path.join(self.checkpoint_dir, f"epoch_{epoch + 1:04d}.npz"), epoch + 1)
+        if self.metric in logs and self._improved(logs):
+            trainer.save_checkpoint(os.path.join(self.checkpoint_dir, "best.npz"), epoch + 1)
+
+
+SCHEDULERS = {cls.name: cls for cls in (WarmUp, EarlyStopping, ReduceLROnPlateau, ReduceLREveryNEpochs,
+                                        StopAtLoss, ModelCheckpoint)}
+
+
+def make_schedulers(names, p) -> list:
+    """Schedulers from a comma list of names and an object with the upstream flag attributes."""
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    out = []
+    for name in names:
+        if name == "warm_up":
+            out.append(WarmUp(p.warm_up_epochs))
+        elif name == "early_stopping":
+            out.append(EarlyStopping(p.early_stopping_metric, p.early_stopping_patience))
+        elif name == "reduce_lr_on_plateau":
+            out.append(ReduceLROnPlateau(p.reduce_lr_on_plateau_metric, p.reduce_lr_on_plateau_factor,
+                                         p.reduce_lr_on_plateau_patience, p.reduce_lr_on_plateau_min_lr))
+        elif name == "reduce_lr_every_nepochs":
+            out.append(ReduceLREveryNEpochs(p.reduce_lr_every_nepochs_factor, p.reduce_lr_every_nepochs_nepochs,
+                                            p.reduce_lr_every_nepochs_min_lr))
+        elif name == "stop_at_loss":
+            out.append(StopAtLoss(p.stop_at_loss_metric, p.stop_at_loss_threshold))
+        elif name == "model_checkpoint":
+            out.append(ModelCheckpoint(p.model_checkpoint_metric, p.model_checkpoint_save_freq, p.checkpoint_dir))
+        else:
+            raise ConfigError(f"unknown LR scheduler {name!r} in --lr_schedulers: choose from {', '.join(SCHEDULERS)}")
+    return out

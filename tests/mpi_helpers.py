@@ -1,0 +1,105 @@
+"""Launch real MPI jobs from pytest: ``mpiexec -n K python -m mpi4py script args``.
+
+``python -m mpi4py`` makes an uncaught exception on any rank call MPI_Abort, so a failing rank ends the
+whole job instead of leaving the others hanging in a collective.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
+
+
+@functools.lru_cache(maxsize=None)
+def find_mpiexec() -> str:
+    """The mpiexec beside this Python (the ``mpich`` wheel installs one into the venv), else on PATH."""
+    local = Path(sys.executable).parent / "mpiexec"
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if found is None:
+        pytest.fail("no mpiexec found beside the Python interpreter nor on PATH (pip install mpich)")
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def is_open_mpi(mpiexec: str) -> bool:
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    text = out.stdout + out.stderr
+    return "Open MPI" in text or "OpenRTE" in text or "open-mpi" in text.lower()
+
+
+def mpi_command(nprocs: int, script_path, args=()) -> list[str]:
+    mpiexec = find_mpiexec()
+    cmd = [mpiexec]
+    if is_open_mpi(mpiexec):
+        cmd.append("--oversubscribe")
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+    cmd += ["-n", str(int(nprocs)), sys.executable, "-m", "mpi4py", str(script_path)]
+    cmd += [str(a) for a in args]
+    return cmd
+
+
+def run_mpi(nprocs: int, script_path, args=(), timeout: float = 120, env: dict | None = None,
+            check: bool = False) -> subprocess.CompletedProcess:
+    """Run ``script_path`` on ``nprocs`` MPI processes; returns the CompletedProcess (text stdout/stderr).
+
+    Children get OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS = 1 unless ``env`` says
+    otherwise, and the repository on PYTHONPATH. On timeout the whole process group is killed and the
+    test fails with the captured output; with ``check=True`` a non-zero exit status fails it too.
+    """
+    script_path = Path(script_path)
+    if not script_path.is_absolute() and not script_path.exists():
+        script_path = SCRIPTS / script_path
+    child_env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        child_env[var] = "1"
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT)] + ([child_env["PYTHONPATH"]] if child_env.get("PYTHONPATH") else []))
+    child_env["PYTHONUNBUFFERED"] = "1"
+    if env:
+        child_env.update({k: str(v) for k, v in env.items()})
+    cmd = mpi_command(nprocs, script_path, args)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env,
+                            cwd=str(REPO_ROOT), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        pytest.fail(f"MPI job timed out after {timeout:.0f} s: {' '.join(cmd)}\n"
+                    f"--- stdout ---\n{out}\n--- stderr ---\n{err}", pytrace=False)
+    finally:
+        _kill_group(proc)   # stray children (a rank that outlived mpiexec) never survive the test
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    result.elapsed = time.monotonic() - t0
+    if check and result.returncode != 0:
+        pytest.fail(describe(result), pytrace=False)
+    return result
+
+
+def describe(result: subprocess.CompletedProcess) -> str:
+    return (f"MPI job exited with status {result.returncode}: {' '.join(map(str, result.args))}\n"
+            f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

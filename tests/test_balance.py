@@ -1,0 +1,336 @@
+"""Batch partition, gradient weights, sharding and dynamic rebalancing (pure math, no MPI)."""
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pydtnn.errors import ConfigError
+from pydtnn.parallel import balance
+from pydtnn.parallel.balance import (DynamicBalancer, gradient_weights, partition, probe_speeds, shard,
+                                     step_sizes, steps_in_epoch)
+from pydtnn.parallel.comm import SerialComm
+
+speeds_st = st.lists(st.floats(min_value=1e-3, max_value=1e4, allow_nan=False, allow_infinity=False),
+                     min_size=1, max_size=12)
+
+
+def quotas(batch, speeds):
+    total = sum(Fraction(v) for v in speeds)
+    return [batch * Fraction(v) / total for v in speeds]
+
+
+# ------------------------------------------------------------------------------------------ partition
+
+@settings(max_examples=300, deadline=None)
+@given(speeds=speeds_st, extra=st.integers(min_value=0, max_value=5000))
+def test_partition_invariants(speeds, extra):
+    batch = len(speeds) + extra
+    b = partition(batch, speeds)
+    q = quotas(batch, speeds)
+    assert len(b) == len(speeds) and sum(b) == batch and min(b) >= 1
+    assert all(isinstance(x, int) for x in b)
+    # never more than one sample above the exact proportional share
+    assert all(bi < qi + 1 for bi, qi in zip(b, q))
+    # faster replicas never get fewer samples; equal speeds differ by at most one
+    for i in range(len(b)):
+        for j in range(len(b)):
+            if speeds[i] > speeds[j]:
+                assert b[i] >= b[j]
+            if speeds[i] == speeds[j]:
+                assert abs(b[i] - b[j]) <= 1
+    # when the b_i >= 1 floor does not bind, plain largest remainder: |b_i - q_i| < 1 and it is optimal
+    if min(q) >= 1:
+        assert all(abs(bi - qi) < 1 for bi, qi in zip(b, q))
+        floors = [int(qi) for qi in q]
+        rema = [qi - f for qi, f in zip(q, floors)]
+        got_extra = [bi - f for bi, f in zip(b, floors)]
+        assert set(got_extra) <= {0, 1}
+        if 0 in got_extra and 1 in got_extra:   # every remainder rewarded >= every remainder not rewarded
+            assert min(r for r, e in zip(rema, got_extra) if e) >= max(r for r, e in zip(rema, got_extra) if not e)
+
+
+@settings(max_examples=100, deadline=None)
+@given(speeds=speeds_st, extra=st.integers(min_value=0, max_value=300), scale=st.sampled_from([2.0, 0.5, 1024.0]))
+def test_partition_is_scale_invariant(speeds, extra, scale):
+    batch = len(speeds) + extra
+    assert partition(batch, speeds) == partition(batch, [v * scale for v in speeds])
+
+
+@pytest.mark.parametrize("batch,speeds,expected", [
+    (64, [1, 1], [32, 32]),
+    (64, [1, 3], [16, 48]),
+    (10, [1, 1, 1], [4, 3, 3]),           # tie on remainders: lower rank first
+    (11, [1, 1, 1], [4, 4, 3]),
+    (7, [2, 1, 1], [3, 2, 2]),            # quotas 3.5, 1.75, 1.75: remainders .5 < .75 = .75 -> ranks 1 and 2
+    (10, [0.1, 0.2, 0.3, 0.4], [1, 2, 3, 4]),
+    (3, [1, 1, 1000], [1, 1, 1]),         # B == P: one each whatever the speeds
+    (4, [1, 1000], [1, 3]),               # the slow replica still gets one sample
+    (12, [1, 1, 1000], [1, 1, 10]),
+    (100, [1, 2, 3, 4], [10, 20, 30, 40]),
+    (5, [3], [5]),
+    (20, [1.0, 1e-9 + 1.0], [10, 10]),
+])
+def test_partition_known_cases(batch, speeds, expected):
+    assert partition(batch, speeds) == expected
+
+
+def test_partition_ties_are_deterministic():
+    assert partition(5, [1, 1, 1, 1]) == [2, 1, 1, 1]
+    assert partition(6, [1, 1, 1, 1]) == [2, 2, 1, 1]
+    assert partition(7, [1, 1, 1, 1]) == [2, 2, 2, 1]
+    assert partition(5, np.array([1.0, 1.0, 1.0, 1.0])) == [2, 1, 1, 1]
+
+
+@pytest.mark.parametrize("batch,speeds,match", [
+    (1, [1, 1], "smaller than the number of replicas"),
+    (0, [1], ">= 1"),
+    (8, [1, 0], "finite and > 0"),
+    (8, [1, -2], "finite and > 0"),
+    (8, [1, float("nan")], "finite and > 0"),
+    (8, [1, float("inf")], "finite and > 0"),
+    (8, [], "non-empty"),
+    (8.5, [1], "integer"),
+    (8, ["fast", 1], "numbers"),
+])
+def test_partition_errors(batch, speeds, match):
+    with pytest.raises(ConfigError, match=match) as info:
+        partition(batch, speeds)
+    assert "\n" not in str(info.value)
+
+
+# -------------------------------------------------------------------------------------------- weights
+
+def test_gradient_weights():
+    w = gradient_weights([16, 48], "proportional")
+    assert w.dtype == np.float64 and np.allclose(w, [0.25, 0.75]) and w.sum() == 1.0
+    assert np.allclose(gradient_weights([16, 48], "uniform"), [0.5, 0.5])
+    assert np.allclose(gradient_weights([1, 2, 7]), [0.1, 0.2, 0.7])
+    with pytest.raises(ConfigError, match="proportional, uniform"):
+        gradient_weights([1, 2], "median")
+    with pytest.raises(ConfigError):
+        gradient_weights([0, 2], "uniform")
+
+
+def test_proportional_weights_give_the_global_mean_gradient():
+    rng = np.random.default_rng(0)
+    per_sample = rng.standard_normal((37, 5))
+    sizes = partition(37, [1.0, 2.5, 7.0])
+    offs = np.cumsum([0] + sizes)
+    local_means = [per_sample[offs[i]:offs[i + 1]].mean(axis=0) for i in range(3)]
+    w = gradient_weights(sizes, "proportional")
+    assert np.allclose(sum(wi * g for wi, g in zip(w, local_means)), per_sample.mean(axis=0), rtol=1e-12)
+    u = gradient_weights(sizes, "uniform")
+    assert not np.allclose(sum(wi * g for wi, g in zip(u, local_means)), per_sample.mean(axis=0))
+
+
+# ------------------------------------------------------------------------------------------- sharding
+
+def epoch_indices(n, batch, sizes, steps_per_epoch=0, seed=3):
+    """{rank: [indices per step]} for one epoch, computed independently per rank."""
+    order = balance.epoch_permutation(n, seed, 0)
+    steps = steps_in_epoch(n, batch, steps_per_epoch)
+    return order, steps, {r: [shard(order, s, batch, sizes, r, n, steps_per_epoch) for s in range(steps)]
+                          for r in range(len(sizes))}
+
+
+@settings(max_examples=200, deadline=None)
+@given(speeds=st.lists(st.floats(min_value=1e-3, max_value=1e3), min_size=1, max_size=6),
+       extra=st.integers(min_value=0, max_value=40), n=st.integers(min_value=1, max_value=400))
+def test_epoch_covers_every_sample_once(speeds, extra, n):
+    nrep = len(speeds)
+    batch = nrep + extra
+    sizes = partition(batch, speeds)
+    order, steps, per_rank = epoch_indices(n, batch, sizes)
+    assert steps == -(-n // batch)
+    for s in range(steps):
+        this = step_sizes(s, batch, sizes, n)
+        assert min(this) >= 1 and all(len(per_rank[r][s]) == this[r] for r in range(nrep))
+        if s < steps - 1:
+            assert this == sizes
+    flat = np.concatenate([per_rank[r][s] for s in range(steps) for r in range(nrep)])
+    last = n - (steps - 1) * batch
+    if last >= nrep:
+        assert sorted(flat.tolist()) == list(range(n))       # an exact cover: no duplicate, no miss
+    else:
+        # documented wrap-around: the last step is padded to P samples from the start of the order
+        assert len(flat) == (steps - 1) * batch + nrep
+        assert set(flat.tolist()) == set(range(n))
+        wrapped = np.concatenate([per_rank[r][-1] for r in range(nrep)])
+        expected = order[np.arange((steps - 1) * batch, (steps - 1) * batch + nrep) % n]
+        assert np.array_equal(wrapped, expected)
+    # within a step, replica i's slice is the contiguous part after replicas < i
+    s = steps - 1 if steps > 1 else 0
+    joined = np.concatenate([per_rank[r][s] for r in range(nrep)])
+    start = s * batch
+    assert np.array_equal(joined, order[np.arange(start, start + len(joined)) % n])
+
+
+@pytest.mark.parametrize("n,batch,speeds", [
+    (101, 10, [1, 1, 1]),        # prime N
+    (97, 64, [1, 1000]),         # very skewed speeds
+    (7, 64, [1, 2, 3]),          # N < B
+    (2, 64, [1, 2, 3]),          # N < P: one padded step
+    (1, 3, [1, 1, 1]),
+    (1009, 17, [1, 1000, 1, 1000, 3]),
+    (65, 64, [5, 1]),            # last step holds one sample for two replicas: padded
+])
+def test_awkward_sizes_same_steps_everywhere(n, batch, speeds):
+    sizes = partition(batch, speeds)
+    order, steps, per_rank = epoch_indices(n, batch, sizes)
+    assert steps == -(-n // batch)
+    for r in range(len(sizes)):
+        assert len(per_rank[r]) == steps                 # every rank runs the same number of steps
+        assert all(len(ix) >= 1 for ix in per_rank[r])    # and never an empty local batch
+    covered = set(np.concatenate([ix for r in per_rank for ix in per_rank[r]]).tolist())
+    assert covered == set(range(n))
+
+
+def test_short_last_step_is_repartitioned_proportionally():
+    sizes = partition(64, [1, 3])                          # [16, 48]
+    assert step_sizes(0, 64, sizes, 100) == [16, 48]
+    assert step_sizes(1, 64, sizes, 100) == partition(36, sizes) == [9, 27]
+    assert step_sizes(1, 64, sizes, 65) == [1, 1]          # one sample left, two replicas: padded
+    assert np.allclose(gradient_weights(step_sizes(1, 64, sizes, 100)), [0.25, 0.75])
+    with pytest.raises(IndexError):
+        step_sizes(2, 64, sizes, 100)
+
+
+@pytest.mark.parametrize("n,batch,spe", [(100, 10, 3), (100, 10, 25), (7, 64, 4), (10, 4, 1)])
+def test_steps_per_epoch_trims_or_tiles_full_steps(n, batch, spe):
+    sizes = partition(batch, [1, 2])
+    order, steps, per_rank = epoch_indices(n, batch, sizes, spe)
+    assert steps == spe
+    for s in range(spe):
+        assert step_sizes(s, batch, sizes, n, spe) == sizes
+        joined = np.concatenate([per_rank[r][s] for r in range(2)])
+        assert np.array_equal(joined, order[np.arange(s * batch, (s + 1) * batch) % n])
+
+
+def test_sharding_errors():
+    with pytest.raises(ConfigError):
+        steps_in_epoch(0, 10)
+    with pytest.raises(ConfigError):
+        steps_in_epoch(10, 0)
+    with pytest.raises(ConfigError):
+        steps_in_epoch(10, 4, -1)
+    with pytest.raises(ConfigError, match="sum to"):
+        step_sizes(0, 10, [3, 3], 100)
+    with pytest.raises(ConfigError, match=">= 1"):
+        step_sizes(0, 10, [0, 10], 100)
+    with pytest.raises(ValueError):
+        shard(np.arange(10), 0, 4, [2, 2], 2, 10)
+
+
+def test_epoch_permutation_is_a_pure_function():
+    a = balance.epoch_permutation(50, 7, 2)
+    assert np.array_equal(a, balance.epoch_permutation(50, 7, 2))
+    assert sorted(a.tolist()) == list(range(50))
+    assert not np.array_equal(a, balance.epoch_permutation(50, 7, 3))
+
+
+# ------------------------------------------------------------------------------------ dynamic balance
+
+def simulate(true_speeds, steps, noise, seed=0, **kw):
+    """Feed the balancer per-sample times measured from fixed true speeds plus multiplicative noise."""
+    rng = np.random.default_rng(seed)
+    nrep = len(true_speeds)
+    bal = DynamicBalancer(kw.pop("batch", 128), nrep, **kw)
+    changes = []
+    for step in range(steps):
+        t = (1.0 / np.asarray(true_speeds)) * (1.0 + noise * rng.standard_normal(nrep))
+        bal.observe(t)
+        new = bal.maybe_rebalance(step)
+        if new is not None:
+            changes.append((step, new))
+    return bal, changes
+
+
+def test_dynamic_balancer_converges_to_true_ratio():
+    bal, changes = simulate([1.0, 3.0], 200, noise=0.03, interval=10, smoothing=0.3, hysteresis=0.05)
+    assert bal.sizes != [64, 64]
+    assert abs(bal.sizes[1] / bal.sizes[0] - 3.0) < 0.25, bal.sizes
+    assert 1 <= len(changes) <= 3, changes
+    assert changes[0][0] <= 20                              # first useful re-split within two intervals
+
+
+def test_dynamic_balancer_does_not_oscillate_under_noise():
+    bal, changes = simulate([1.0, 2.0, 4.0], 2000, noise=0.10, seed=1, interval=5, smoothing=0.2,
+                            hysteresis=0.05)
+    assert len(changes) <= 4, changes
+    assert all(step < 100 for step, _ in changes), changes          # settles, then stays put
+    assert max(abs(b - q) for b, q in zip(bal.sizes, [128 / 7, 256 / 7, 512 / 7])) < 4
+
+
+def test_dynamic_balancer_without_hysteresis_would_flap():
+    # the same noisy input with hysteresis 0 keeps changing: the hysteresis test above is meaningful
+    _, changes = simulate([1.0, 2.0, 4.0], 2000, noise=0.10, seed=1, interval=5, smoothing=0.2, hysteresis=0.0)
+    assert len(changes) > 10
+
+
+def test_dynamic_balancer_follows_a_speed_change():
+    for smoothing, max_changes in ((1.0, 2), (0.5, 10)):
+        bal = DynamicBalancer(100, 2, interval=5, smoothing=smoothing, hysteresis=0.02, initial_sizes=[50, 50])
+        for step in range(200):
+            bal.observe([1.0 / 1.0, 1.0 / 4.0] if step < 50 else [1.0 / 4.0, 1.0 / 1.0])
+            bal.maybe_rebalance(step)
+            if step == 49:
+                assert bal.sizes == [20, 80]
+        assert bal.sizes == [80, 20] and 2 <= bal.n_rebalances <= max_changes, (smoothing, bal.n_rebalances)
+
+
+def test_dynamic_balancer_is_deterministic_and_checkpointable():
+    a, ca = simulate([1.0, 5.0, 2.0], 300, noise=0.2, seed=9, interval=7)
+    b, cb = simulate([1.0, 5.0, 2.0], 300, noise=0.2, seed=9, interval=7)
+    assert ca == cb and a.sizes == b.sizes and np.array_equal(a.speeds, b.speeds)
+    c = DynamicBalancer(128, 3, interval=7)
+    c.load_state_dict(a.state_dict())
+    assert c.sizes == a.sizes and np.array_equal(c.speeds, a.speeds) and c.n_rebalances == a.n_rebalances
+
+
+def test_dynamic_balancer_interval_and_bad_observations():
+    bal = DynamicBalancer(10, 2, interval=3, hysteresis=0.0)
+    assert bal.maybe_rebalance(2) is None                    # nothing observed yet
+    assert bal.observe([np.nan, 1.0]) is False and bal.speeds is None
+    assert bal.observe([0.0, 1.0]) is False
+    assert bal.observe([1.0, 0.25]) is True
+    assert bal.maybe_rebalance(0) is None and bal.maybe_rebalance(1) is None and bal.speeds is None
+    assert bal.observe([1.0, 0.25 / 3]) is True               # window mean of the times: [1, 1/6]
+    assert bal.maybe_rebalance(2) == [1, 9]
+    assert np.allclose(bal.speeds, [1.0, 6.0])
+    with pytest.raises(ValueError):
+        bal.observe([1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"global_batch": 1, "nreplicas": 2}, "smaller than the number of replicas"),
+    ({"global_batch": 8, "nreplicas": 2, "interval": 0}, "interval"),
+    ({"global_batch": 8, "nreplicas": 2, "smoothing": 0.0}, "smoothing"),
+    ({"global_batch": 8, "nreplicas": 2, "hysteresis": -0.1}, "hysteresis"),
+    ({"global_batch": 8, "nreplicas": 2, "initial_sizes": [4, 3]}, "sum to"),
+    ({"global_batch": 8, "nreplicas": 3, "initial_sizes": [4, 4]}, "initial local batch sizes"),
+])
+def test_dynamic_balancer_errors(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        DynamicBalancer(**kw)
+
+
+# ------------------------------------------------------------------------------------------ the probe
+
+def test_probe_speeds_serial_uses_the_median():
+    durations = iter([5.0, 0.0, 0.0, 0.0])     # the warm-up is slow and must not count
+    calls = []
+
+    def fake_step():
+        calls.append(1)
+        d = next(durations)
+        if d:
+            import time
+            time.sleep(0.05)
+
+    v = probe_speeds(fake_step, SerialComm(), k=3, samples_per_call=32)
+    assert len(calls) == 4
+    assert v.shape == (1,) and v.dtype == np.float64 and v[0] > 32 / 0.05
+    with pytest.raises(ConfigError):
+        probe_speeds(fake_step, SerialComm(), k=0)
