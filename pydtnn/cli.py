@@ -208,6 +208,7 @@ def run(p):
         threadpool_limits(p.threads_per_replica)
 
     import numpy as np
+    np.seterr(all="ignore")        # overflow on the way to a NaN loss is reported once, by the trainer
     from pydtnn.datasets import KNOWN_SHAPES, load_dataset
     from pydtnn.model import Model
     from pydtnn.models import build_model, default_input_shape
@@ -344,7 +345,7 @@ def _probe_sizes(trainer, B, P):
     y = one_hot(labels, trainer.nclasses, model.dtype)
     saved = [a.copy() for a in trainer._running_stats()]
     rng_state = getattr(model.backend.rng, "bit_generator", None) and model.backend.rng.bit_generator.state
-    speeds = balance.probe_speeds(lambda: trainer._local_gradients(x, y, 1.0), trainer.comm, k=5,
+    speeds = balance.probe_speeds(lambda: trainer._local_gradients(x, y, 1.0, overlap=False), trainer.comm, k=5,
                                   samples_per_call=len(idx))
     for a, s in zip(trainer._running_stats(), saved):
         a[...] = s

@@ -12,6 +12,9 @@ import math
 import os
 
 from pydtnn.errors import ConfigError
+from pydtnn.losses import LOSSES
+
+LOSS_NAMES = tuple(LOSSES)
 
 
 def _maximize(metric: str) -> bool:
@@ -35,6 +38,9 @@ class Scheduler:
             setattr(self, k, v)
 
     def _value(self, logs, metric):
+        for loss_name in LOSS_NAMES:          # upstream names the loss by its function
+            if metric not in logs and metric.endswith(loss_name):
+                metric = metric[:-len(loss_name)] + "loss"
         if metric not in logs:
             raise ConfigError(f"{self.name}: metric {metric!r} is not computed; available: {', '.join(sorted(logs))}"
                               + ("" if any(k.startswith("val_") for k in logs) else
@@ -44,6 +50,13 @@ class Scheduler:
 
 class _Monitor(Scheduler):
     """Tracks the best value of a metric and how many epochs passed without improving it."""
+
+    def _has(self, logs):
+        try:
+            self._value(logs, self.metric)
+            return True
+        except ConfigError:
+            return False
 
     def __init__(self, metric, patience):
         self.metric, self.patience = metric, int(patience)
@@ -140,7 +153,7 @@ class ModelCheckpoint(_Monitor):
     def on_epoch_end(self, trainer, epoch, logs):
         if (epoch + 1) % self.save_freq == 0:
             trainer.save_checkpoint(os.path.join(self.checkpoint_dir, f"epoch_{epoch + 1:04d}.npz"), epoch + 1)
-        if self.metric in logs and self._improved(logs):
+        if self._has(logs) and self._improved(logs):
             trainer.save_checkpoint(os.path.join(self.checkpoint_dir, "best.npz"), epoch + 1)
 
 

@@ -88,10 +88,10 @@ class Trainer:
         if self.emulate_speed < 1.0:
             time.sleep(compute_s * (1.0 / self.emulate_speed - 1.0))
 
-    def _local_gradients(self, x, y, weight):
+    def _local_gradients(self, x, y, weight, overlap=True):
         t0 = time.perf_counter()
         hook = None
-        if self.reducer is not None:
+        if self.reducer is not None and overlap:
             self.reducer.start_step()
             hook = self.reducer.ready
         value, y_pred = self.model.compute_gradients(x, y, self.loss, loss_scale=weight, on_grads_ready=hook)

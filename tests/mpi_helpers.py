@@ -80,12 +80,12 @@ def run_mpi(nprocs: int, script_path, args=(), timeout: float = 120, env: dict |
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        _kill_job(proc)
         out, err = proc.communicate()
         pytest.fail(f"MPI job timed out after {timeout:.0f} s: {' '.join(cmd)}\n"
                     f"--- stdout ---\n{out}\n--- stderr ---\n{err}", pytrace=False)
     finally:
-        _kill_group(proc)   # stray children (a rank that outlived mpiexec) never survive the test
+        _kill_job(proc)   # stray processes (a rank that outlived mpiexec) never survive the test
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     result.elapsed = time.monotonic() - t0
     if check and result.returncode != 0:
@@ -98,8 +98,63 @@ def describe(result: subprocess.CompletedProcess) -> str:
             f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}")
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _descendants(root: int) -> list[tuple[int, str]]:
+    """(pid, start time) of every live descendant of ``root`` (Linux /proc; empty elsewhere).
+
+    Hydra's proxy and the ranks each call setsid(), so killing mpiexec's process group is not enough.
+    """
+    children: dict[int, list[int]] = {}
+    starts: dict[int, str] = {}
+    try:
+        entries = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+    for pid in entries:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(pid)
+        starts[pid] = fields[19]
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append((child, starts[child]))
+            todo.append(child)
+    return found
+
+
+def _same_process(pid: int, start: str) -> bool:
+    """``pid`` is still the process that started at ``start`` and has not exited (zombies count as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0] != "Z" and fields[19] == start
+    except (OSError, IndexError):
+        return False
+
+
+def _kill_job(proc: subprocess.Popen) -> None:
+    """Stop mpiexec and everything it started: SIGTERM first (Hydra and Open MPI then clean up their
+    ranks), SIGKILL for whatever is left after a few seconds."""
+    family = _descendants(proc.pid)
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    deadline = time.monotonic() + 5
+    for pid, start in family:
+        while _same_process(pid, start) and time.monotonic() < deadline:
+            time.sleep(0.05)          # give the launcher's own cleanup a moment
+        if _same_process(pid, start):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

@@ -255,11 +255,15 @@ def test_dynamic_balancer_converges_to_true_ratio():
     assert changes[0][0] <= 20                              # first useful re-split within two intervals
 
 
-def test_dynamic_balancer_does_not_oscillate_under_noise():
-    bal, changes = simulate([1.0, 2.0, 4.0], 2000, noise=0.10, seed=1, interval=5, smoothing=0.2,
+@pytest.mark.parametrize("seed", range(5))
+def test_dynamic_balancer_does_not_oscillate_under_noise(seed):
+    # 10% per-step timing noise, 400 decisions: a handful of one-sample corrections at most
+    bal, changes = simulate([1.0, 2.0, 4.0], 2000, noise=0.10, seed=seed, interval=5, smoothing=0.2,
                             hysteresis=0.05)
-    assert len(changes) <= 4, changes
-    assert all(step < 100 for step, _ in changes), changes          # settles, then stays put
+    assert 1 <= len(changes) <= 4, changes
+    assert changes[0][0] == 4                                        # the first decision already re-splits
+    for (_, before), (_, after) in zip(changes, changes[1:]):
+        assert max(abs(a - b) for a, b in zip(after, before)) <= 3, changes
     assert max(abs(b - q) for b, q in zip(bal.sizes, [128 / 7, 256 / 7, 512 / 7])) < 4
 
 

@@ -67,7 +67,7 @@ def test_forward_output_and_training_modes():
     (lambda m: (m.add(Input(shape=(1, 4, 4))), m.add(FC(shape=(3,)))), r"layer fc .*Flatten"),
     (lambda m: (m.add(Input(shape=(3, 8, 8))), m.add(AdditionBlock([Conv2D(nfilters=4, filter_shape=(1, 1))], []))),
      r"addition_block.*different shapes"),
-    (lambda m: (m.add(Input(shape=(3, 8, 8))), m.add(Conv2D(nfilters=3, grouping="depthwise", filter_shape=(3, 3)))),
+    (lambda m: (m.add(Input(shape=(3, 8, 8))), m.add(Conv2D(nfilters=5, grouping="depthwise", filter_shape=(3, 3)))),
      r"depthwise"),
     (lambda m: (m.add(Input(shape=(3, 3, 3))), m.add(MaxPool2D(pool_shape=(4, 4)))), r"max_pool2d.*does not fit"),
     (lambda m: (m.add(Input(shape=(3, 8, 8))), m.add(Conv2D(nfilters=0))), r"conv2d.*nfilters"),
@@ -83,8 +83,10 @@ def test_bad_arguments():
         Model(backend="tpu")
     with pytest.raises(ConfigError, match="float16"):
         Model(dtype="float16")
+    with_input = Model()
+    with_input.add(Input(shape=(3,)))
     with pytest.raises(ConfigError, match="activation"):
-        Model().add(Input(shape=(3,))) or Model().add(FC(shape=(2,), activation="swish"))
+        with_input.add(FC(shape=(2,), activation="swish"))
     with pytest.raises(ConfigError, match="Dropout rate"):
         Dropout(1.5)
     with pytest.raises(ConfigError, match="stride"):

@@ -35,6 +35,7 @@ class BatchNormalization(Layer):
 
     def forward(self, x, training=False):
         if not training:
+            self.ctx, self.x = None, x      # kept so that a frozen (inference-mode) BN can back-propagate
             return self.backend.batchnorm_forward_infer(x, self.gamma, self.beta, self.mean, self.var, self.epsilon)
         y, mean, var, self.ctx = self.backend.batchnorm_forward_train(x, self.gamma, self.beta, self.epsilon)
         n = x.size // x.shape[self.backend.channel_axis if x.ndim == 4 else 1]
@@ -46,7 +47,21 @@ class BatchNormalization(Layer):
         return y
 
     def backward(self, dy):
+        if self.ctx is None:
+            return self._backward_frozen(dy)
         dx, dgamma, dbeta = self.backend.batchnorm_backward(dy, self.ctx)
         self.dgamma[...] = dgamma
         self.dbeta[...] = dbeta
         return dx
+
+    def _backward_frozen(self, dy):
+        """Backward through y = gamma (x - mean) / sqrt(var + eps) + beta with fixed running statistics."""
+        axis = self.backend.channel_axis if dy.ndim == 4 else 1
+        shape = [1] * dy.ndim
+        shape[axis] = -1
+        inv_std = 1 / self.xp.sqrt(self.var + self.epsilon)
+        x_hat = (self.x - self.mean.reshape(shape)) * inv_std.reshape(shape)
+        others = tuple(a for a in range(dy.ndim) if a != axis)
+        self.dgamma[...] = (dy * x_hat).sum(axis=others)
+        self.dbeta[...] = dy.sum(axis=others)
+        return dy * (self.gamma * inv_std).reshape(shape)

@@ -1,0 +1,151 @@
+"""The launcher: flags, a corpus of bad inputs (one line, exit status 2), weights, history, resume."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHER = os.path.join(REPO, "scripts", "pydtnn_benchmark.py")
+FAST = ["--model", "simplecnn", "--synthetic_samples", "256", "--batch_size", "32", "--progress_bar", "false",
+        "--lr_schedulers", ""]
+
+
+def launch(*args, cwd=None, timeout=300):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    return subprocess.run([sys.executable, LAUNCHER, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd or REPO, env=env)
+
+
+def test_help_explains_flags():
+    r = launch("--help")
+    assert r.returncode == 0
+    for flag in ["--global_batch_size", "--balance", "--gradient_weighting", "--emulate_speeds", "--resume",
+                 "--flip_images", "--lr_schedulers", "--weights_and_bias_filename"]:
+        assert flag in r.stdout, flag
+
+
+def test_default_run_trains_and_writes_nothing(tmp_path):
+    r = launch(*FAST, "--num_epochs", "1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "Total parameters" in r.stdout and "model_name" in r.stdout and "training time" in r.stdout
+    assert os.listdir(tmp_path) == []
+
+
+def _corrupt(path):
+    path.write_bytes(b"not a zip at all")
+    return path
+
+
+def _other_model_weights(tmp_path):
+    out = tmp_path / "mlp.npz"
+    r = launch("--model", "simplemlp", "--synthetic_samples", "64", "--num_epochs", "0", "--progress_bar", "false",
+               "--save_weights_and_bias_filename", out)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+BAD = {
+    "unknown model": (["--model", "resnet9000"], "resnet9000"),
+    "unknown dataset": (["--dataset", "svhn"], "svhn"),
+    "bad boolean": (["--evaluate", "maybe"], "maybe"),
+    "negative batch": (["--batch_size", "-4"], "batch_size"),
+    "zero batch": (["--batch_size", "0"], "batch_size"),
+    "missing mnist": (["--dataset", "mnist", "--dataset_train_path", "/nonexistent/mnist"], "/nonexistent/mnist"),
+    "missing weights": (["--weights_and_bias_filename", "/nonexistent/w.npz"], "/nonexistent/w.npz"),
+    "unknown optimizer": (["--optimizer", "adagrad"], "adagrad"),
+    "unknown metric": (["--metrics", "f1_score"], "f1_score"),
+    "unknown scheduler": (["--lr_schedulers", "cosine"], "cosine"),
+    "bad dtype": (["--dtype", "float16"], "float16"),
+    "bad validation split": (["--validation_split", "1.5"], "validation_split"),
+    "speeds count": (["--parallel", "data", "--balance", "static", "--replica_speeds", "1,2"], "replica_speeds"),
+    "bad speeds": (["--replica_speeds", "1,-2"], "replica_speeds"),
+    "unknown flag": (["--batchsize", "3"], "batchsize"),
+    "missing model file": (["--model", "/nonexistent/my_model.py"], "my_model.py"),
+    "nan loss": (["--learning_rate", "1e30", "--num_epochs", "2"], "loss"),
+    "no resume file": (["--resume", "/nonexistent/ckpt.npz"], "ckpt.npz"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_one_line_exit_2(case):
+    args, needle = BAD[case]
+    r = launch(*FAST, *args)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("pydtnn: error:") and needle in lines[0], lines[0]
+    assert "Traceback" not in r.stderr
+
+
+def test_corrupt_and_truncated_files(tmp_path):
+    bad = _corrupt(tmp_path / "w.npz")
+    r = launch(*FAST, "--weights_and_bias_filename", bad)
+    assert r.returncode == 2 and "corrupt" in r.stderr and str(bad) in r.stderr
+    mnist = tmp_path / "mnist"
+    mnist.mkdir()
+    src = os.path.join(REPO, "..", "shared", "datasets", "mnist-t10k", "t10k-images-idx3-ubyte.gz")
+    (mnist / "t10k-images-idx3-ubyte.gz").write_bytes(open(src, "rb").read()[:5000])
+    (mnist / "t10k-labels-idx1-ubyte.gz").write_bytes(
+        open(src.replace("images-idx3", "labels-idx1"), "rb").read())
+    r = launch(*FAST, "--dataset", "mnist", "--dataset_train_path", mnist)
+    assert r.returncode == 2 and "t10k-images" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_checkpoint_of_another_model_is_rejected(tmp_path):
+    other = _other_model_weights(tmp_path)
+    r = launch(*FAST, "--weights_and_bias_filename", other)
+    assert r.returncode == 2 and "does not match this model" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_weights_roundtrip_and_history(tmp_path):
+    w, h = tmp_path / "w.npz", tmp_path / "h.csv"
+    r = launch(*FAST, "--num_epochs", "2", "--validation_split", "0.2", "--save_weights_and_bias_filename", w,
+               "--history_file", h)
+    assert r.returncode == 0, r.stderr
+    rows = h.read_text().splitlines()
+    assert rows[0].startswith("epoch,loss") and len(rows) == 3 and "val_categorical_accuracy" in rows[0]
+    with np.load(w, allow_pickle=False) as data:
+        assert "conv2d/weights" in data.files
+    r = launch(*FAST, "--weights_and_bias_filename", w, "--evaluate_only", "true", "--validation_split", "0.2")
+    assert r.returncode == 0, r.stderr
+    assert "evaluation:" in r.stdout
+
+
+def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
+    common = [*FAST, "--seed", "5", "--validation_split", "0.25", "--lr_schedulers",
+              "model_checkpoint,reduce_lr_on_plateau", "--model_checkpoint_save_freq", "1",
+              "--reduce_lr_on_plateau_patience", "0", "--model", "simplecnn"]
+    full, resumed = tmp_path / "full.npz", tmp_path / "resumed.npz"
+    r = launch(*common, "--num_epochs", "2", "--checkpoint_dir", tmp_path / "a", "--save_weights_and_bias_filename", full)
+    assert r.returncode == 0, r.stderr
+    r = launch(*common, "--num_epochs", "1", "--checkpoint_dir", tmp_path / "b")
+    assert r.returncode == 0, r.stderr
+    ckpt = tmp_path / "b" / "epoch_0001.npz"
+    assert ckpt.exists()
+    r = launch(*common, "--num_epochs", "2", "--checkpoint_dir", tmp_path / "c", "--resume", ckpt,
+               "--save_weights_and_bias_filename", resumed)
+    assert r.returncode == 0, r.stderr
+    a, b = np.load(full), np.load(resumed)
+    assert sorted(a.files) == sorted(b.files)
+    for k in a.files:
+        assert np.array_equal(a[k], b[k]), k
+    meta = json.loads(np.load(ckpt)["__meta__"].tobytes())
+    assert meta["epoch"] == 1 and meta["flags"]["seed"] == 5
+
+
+def test_interrupted_checkpoint_write_keeps_previous(tmp_path, monkeypatch):
+    from pydtnn import checkpoint
+    path = tmp_path / "c.npz"
+    checkpoint.atomic_savez(str(path), {"a": np.arange(3)})
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+    monkeypatch.setattr(os, "fsync", boom)
+    with pytest.raises(OSError):
+        checkpoint.atomic_savez(str(path), {"a": np.arange(5)})
+    assert np.array_equal(np.load(path)["a"], np.arange(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["c.npz"]
