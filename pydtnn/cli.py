@@ -369,11 +369,38 @@ def _launched_with_many_processes():
     return False
 
 
-def _rank_hint():
-    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK"):
-        if key in os.environ and os.environ[key].isdigit():
-            return int(os.environ[key])
-    return 0
+def _exit_with_error(message):
+    """Print one line and exit 2 on every rank; never hang, and no MPI abort banner when all ranks agree.
+
+    A user's mistake is usually seen by every rank at once (flags, shared files, a NaN in the reduced
+    loss): then all ranks meet at a non-blocking barrier, rank 0 prints, and the job ends with status 2. If some
+    rank does not arrive within a few seconds, the error was local: that rank prints and aborts the job.
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
+        print(f"pydtnn: error: {message}", file=sys.stderr)
+        sys.stderr.flush()
+        sys.exit(2)
+    import time
+    comm = mpi.COMM_WORLD
+    request = comm.Ibarrier()
+    deadline = time.monotonic() + float(os.environ.get("PYDTNN_ERROR_SYNC_S", "10"))
+    while not request.Test():
+        if time.monotonic() > deadline:
+            print(f"pydtnn: error (rank {comm.Get_rank()}): {message}", file=sys.stderr)
+            sys.stderr.flush()
+            comm.Abort(2)
+        time.sleep(0.005)
+    if comm.Get_rank() == 0:
+        print(f"pydtnn: error: {message}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    comm.Barrier()
+    # All ranks agreed, so end the job with status 2 at once. MPI_Abort makes the launcher return that
+    # status on every MPI (separate exits race with its clean-up); its banner adds nothing to our line.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    comm.Abort(2)
 
 
 def main(argv=None) -> int:
@@ -381,10 +408,7 @@ def main(argv=None) -> int:
         p = parse_args(argv)
         return run(p)
     except PyDTNNError as e:
-        if _rank_hint() == 0:
-            print(f"pydtnn: error: {e}", file=sys.stderr)
-        sys.stderr.flush()
-        sys.exit(2)
+        _exit_with_error(e)
     except KeyboardInterrupt:
         print("pydtnn: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -158,3 +158,17 @@ def _kill_job(proc: subprocess.Popen) -> None:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def processes_with(token: str) -> list[int]:
+    """PIDs of the processes whose command line contains ``token`` (Linux /proc)."""
+    found = []
+    for pid in (os.listdir("/proc") if os.path.isdir("/proc") else []):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if token.encode() in f.read():
+                        found.append(int(pid))
+            except OSError:
+                pass
+    return found

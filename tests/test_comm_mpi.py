@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mpi_helpers import SCRIPTS, describe, mpi_command, run_mpi  # noqa: E402
+from mpi_helpers import SCRIPTS, describe, mpi_command, processes_with, run_mpi  # noqa: E402
 
 from pydtnn.errors import ConfigError  # noqa: E402
 from pydtnn.parallel.comm import BucketedReducer, SerialComm, make_comm  # noqa: E402
@@ -121,25 +121,12 @@ def test_mpi_command_shape():
     assert cmd[i + 1] == "3" and cmd[i + 2:] == [sys.executable, "-m", "mpi4py", "x.py", "a", "1"]
 
 
-def _processes_with(token):
-    found = []
-    for pid in (os.listdir("/proc") if os.path.isdir("/proc") else []):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if token.encode() in f.read():
-                        found.append(int(pid))
-            except OSError:
-                pass
-    return found
-
-
 def test_run_mpi_timeout_kills_the_job_and_fails():
     token = f"hang-token-{os.getpid()}"
     with pytest.raises(pytest.fail.Exception, match="timed out") as info:
         run_mpi(2, SCRIPTS / "hang.py", [token], timeout=4)
     assert "rank 0 started" in str(info.value)          # the captured output is in the failure
-    assert _processes_with(token) == []
+    assert processes_with(token) == []
 
 
 # -------------------------------------------------------------------------------------- real MPI

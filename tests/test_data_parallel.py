@@ -7,7 +7,11 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mpi_helpers import REPO_ROOT, run_mpi  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+from mpi_helpers import REPO_ROOT, mpi_command, processes_with, run_mpi  # noqa: E402
 
 LAUNCHER = REPO_ROOT / "scripts" / "pydtnn_benchmark.py"
 
@@ -56,3 +60,42 @@ def test_launcher_sequential_equals_three_heterogeneous_replicas(tmp_path):
     for k in a.files:
         assert np.allclose(a[k], b[k], rtol=1e-10, atol=1e-12), k
     assert not np.array_equal(a[a.files[0]], np.zeros_like(a[a.files[0]]))
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "nosuch"], "unknown model"),
+    (["--learning_rate", "1e30", "--num_epochs", "3"], "loss became nan"),
+    (["--replica_speeds", "1,2", "--balance", "static"], "replica_speeds"),
+])
+def test_errors_under_mpi_one_line_status_2(args, needle):
+    r = run_mpi(3, LAUNCHER, ["--parallel", "data", "--synthetic_samples", "512", "--progress_bar", "false", *args],
+                timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("pydtnn: error:") and needle in lines[0], r.stderr
+
+
+def test_rank_killed_mid_training_ends_the_job(tmp_path):
+    token = f"killtoken{os.getpid()}"
+    cmd = mpi_command(3, LAUNCHER, ["--parallel", "data", "--synthetic_samples", "768", "--num_epochs", "200",
+                                    "--batch_size", "16", "--progress_bar", "false",
+                                    "--history_file", str(tmp_path / f"{token}.csv")])
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / f"{token}.csv").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)                      # training is under way once epoch 1 is written
+        ranks = [p for p in processes_with(token) if p != proc.pid and "mpiexec" not in
+                 open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[0].decode()]
+        assert len(ranks) >= 3, ranks
+        os.kill(ranks[-1], signal.SIGKILL)
+        t0 = time.monotonic()
+        proc.wait(timeout=60)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert elapsed < 30, elapsed
