@@ -1,23 +1,34 @@
 """Pooling and batch-normalization kernels of the CPU backend (NHWC), compiled with numba.
 
-All arrays are flat and C-contiguous; loops run over contiguous channels innermost, so they vectorize.
-Parallel loops split rows (or images, where a thread scatters into its own image) across threads.
+Every kernel is serial, releases the GIL and does part `t` of `nt` (rows, or whole images where it
+scatters, so threads never write the same element); `_cpu_pool` runs the parts on threads. Arrays are
+flat and C-contiguous; loops run over contiguous channels innermost, so they vectorize. Reductions write
+per-part partial sums (float64) that the caller adds up.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 _NJ = dict(cache=True, fastmath=True, boundscheck=False, nogil=True)
-_NJ_STRICT = dict(cache=True, boundscheck=False, nogil=True)   # NaN/inf-aware comparisons (max pooling)
+_NJ_STRICT = dict(cache=True, boundscheck=False, nogil=True)   # exact IEEE comparisons (max pooling)
+
+
+def _part(t, nt, total):
+    per = (total + nt - 1) // nt
+    return t * per, min(total, (t + 1) * per)
+
+
+_part = njit(**_NJ)(_part)
 
 
 # --- pooling ---------------------------------------------------------------------------------------
 
-@njit(parallel=True, **_NJ_STRICT)
-def maxpool_fwd(xf, yf, idx, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw):
-    """y = max over the window (padding counts as -inf); idx = first arg-max tap (i*kw + j), -1 if none."""
-    for nh in prange(N * Ho):
+@njit(**_NJ_STRICT)
+def maxpool_fwd(t, nt, xf, yf, idx, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw):
+    """y = max over the window (padding counts as -inf); idx = FIRST arg-max tap (i*kw + j), -1 if none."""
+    r0, r1 = _part(t, nt, N * Ho)
+    for nh in range(r0, r1):
         n = nh // Ho
         ho = nh - n * Ho
         for wo in range(Wo):
@@ -34,42 +45,41 @@ def maxpool_fwd(xf, yf, idx, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw):
                     if w < 0 or w >= W:
                         continue
                     s = ((n * H + h) * W + w) * C
-                    t = i * kw + j
+                    tap = i * kw + j
                     for c in range(C):
                         v = xf[s + c]
                         if v > yf[o + c] or idx[o + c] < 0:
                             yf[o + c] = v
-                            idx[o + c] = t
-    return
+                            idx[o + c] = tap
 
 
-@njit(parallel=True, **_NJ)
-def maxpool_bwd(dyf, idx, dxf, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw, nt):
-    """dx[arg-max] += dy; an image belongs to one thread, so overlapping windows need no atomics."""
-    per = (N + nt - 1) // nt
-    for t in prange(nt):
-        for n in range(t * per, min(N, (t + 1) * per)):
-            base = n * H * W * C
-            for q in range(H * W * C):
-                dxf[base + q] = 0
-            for ho in range(Ho):
-                for wo in range(Wo):
-                    o = ((n * Ho + ho) * Wo + wo) * C
-                    for c in range(C):
-                        tap = idx[o + c]
-                        if tap >= 0:
-                            i = tap // kw
-                            j = tap - i * kw
-                            h = ho * sh - ph + i
-                            w = wo * sw - pw + j
-                            dxf[base + (h * W + w) * C + c] += dyf[o + c]
+@njit(**_NJ)
+def maxpool_bwd(t, nt, dyf, idx, dxf, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw):
+    """dx[arg-max] += dy, image by image (overlapping windows need no atomics)."""
+    n0, n1 = _part(t, nt, N)
+    for n in range(n0, n1):
+        base = n * H * W * C
+        for q in range(H * W * C):
+            dxf[base + q] = 0
+        for ho in range(Ho):
+            for wo in range(Wo):
+                o = ((n * Ho + ho) * Wo + wo) * C
+                for c in range(C):
+                    tap = idx[o + c]
+                    if tap >= 0:
+                        i = tap // kw
+                        j = tap - i * kw
+                        h = ho * sh - ph + i
+                        w = wo * sw - pw + j
+                        dxf[base + (h * W + w) * C + c] += dyf[o + c]
 
 
-@njit(parallel=True, **_NJ)
-def avgpool_fwd(xf, yf, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw):
+@njit(**_NJ)
+def avgpool_fwd(t, nt, xf, yf, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw):
     """y = sum over the window / (kh*kw) (padded zeros count)."""
     inv = xf.dtype.type(1.0 / (kh * kw))
-    for nh in prange(N * Ho):
+    r0, r1 = _part(t, nt, N * Ho)
+    for nh in range(r0, r1):
         n = nh // Ho
         ho = nh - n * Ho
         for wo in range(Wo):
@@ -91,36 +101,37 @@ def avgpool_fwd(xf, yf, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw):
                 yf[o + c] *= inv
 
 
-@njit(parallel=True, **_NJ)
-def avgpool_bwd(dyf, dxf, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw, nt):
+@njit(**_NJ)
+def avgpool_bwd(t, nt, dyf, dxf, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw):
     inv = dyf.dtype.type(1.0 / (kh * kw))
-    per = (N + nt - 1) // nt
-    for t in prange(nt):
-        for n in range(t * per, min(N, (t + 1) * per)):
-            base = n * H * W * C
-            for q in range(H * W * C):
-                dxf[base + q] = 0
-            for ho in range(Ho):
-                for wo in range(Wo):
-                    o = ((n * Ho + ho) * Wo + wo) * C
-                    for i in range(kh):
-                        h = ho * sh - ph + i
-                        if h < 0 or h >= H:
+    n0, n1 = _part(t, nt, N)
+    for n in range(n0, n1):
+        base = n * H * W * C
+        for q in range(H * W * C):
+            dxf[base + q] = 0
+        for ho in range(Ho):
+            for wo in range(Wo):
+                o = ((n * Ho + ho) * Wo + wo) * C
+                for i in range(kh):
+                    h = ho * sh - ph + i
+                    if h < 0 or h >= H:
+                        continue
+                    for j in range(kw):
+                        w = wo * sw - pw + j
+                        if w < 0 or w >= W:
                             continue
-                        for j in range(kw):
-                            w = wo * sw - pw + j
-                            if w < 0 or w >= W:
-                                continue
-                            d = base + (h * W + w) * C
-                            for c in range(C):
-                                dxf[d + c] += dyf[o + c] * inv
+                        d = base + (h * W + w) * C
+                        for c in range(C):
+                            dxf[d + c] += dyf[o + c] * inv
 
 
-@njit(parallel=True, **_NJ)
-def global_avg_fwd(xf, yf, N, HW, C):
+@njit(**_NJ)
+def global_avg_fwd(t, nt, xf, yf, N, HW, C):
     inv = 1.0 / HW
-    for n in prange(N):
-        acc = np.zeros(C, np.float64)
+    acc = np.zeros(C, np.float64)
+    n0, n1 = _part(t, nt, N)
+    for n in range(n0, n1):
+        acc[:] = 0
         base = n * HW * C
         for p in range(HW):
             for c in range(C):
@@ -129,10 +140,11 @@ def global_avg_fwd(xf, yf, N, HW, C):
             yf[n * C + c] = acc[c] * inv
 
 
-@njit(parallel=True, **_NJ)
-def global_avg_bwd(dyf, dxf, N, HW, C):
+@njit(**_NJ)
+def global_avg_bwd(t, nt, dyf, dxf, N, HW, C):
     inv = dyf.dtype.type(1.0 / HW)
-    for n in prange(N):
+    n0, n1 = _part(t, nt, N)
+    for n in range(n0, n1):
         base = n * HW * C
         for p in range(HW):
             for c in range(C):
@@ -141,85 +153,44 @@ def global_avg_bwd(dyf, dxf, N, HW, C):
 
 # --- batch normalization ---------------------------------------------------------------------------
 
-@njit(parallel=True, **_NJ)
-def bn_stats(xf, M, C, nt):
-    """Per-channel mean and biased variance of x (M, C), one pass, shifted float64 sums (stable)."""
-    per = (M + nt - 1) // nt
-    s1 = np.zeros((nt, C), np.float64)
-    s2 = np.zeros((nt, C), np.float64)
-    shift = np.empty(C, np.float64)
-    for c in range(C):
-        shift[c] = xf[c]
-    for t in prange(nt):
-        a1 = np.zeros(C, np.float64)
-        a2 = np.zeros(C, np.float64)
-        for r in range(t * per, min(M, (t + 1) * per)):
-            b = r * C
-            for c in range(C):
-                d = xf[b + c] - shift[c]
-                a1[c] += d
-                a2[c] += d * d
-        for c in range(C):
-            s1[t, c] = a1[c]
-            s2[t, c] = a2[c]
-    mean = np.empty(C, np.float64)
-    var = np.empty(C, np.float64)
-    for c in range(C):
-        t1 = 0.0
-        t2 = 0.0
-        for t in range(nt):
-            t1 += s1[t, c]
-            t2 += s2[t, c]
-        m1 = t1 / M
-        mean[c] = shift[c] + m1
-        var[c] = max(t2 / M - m1 * m1, 0.0)
-    return mean, var
-
-
-@njit(parallel=True, **_NJ)
-def bn_apply(xf, center, scale, offset, yf, M, C, nt):
-    """y = (x - center) * scale + offset, per channel."""
-    per = (M + nt - 1) // nt
-    for t in prange(nt):
-        for r in range(t * per, min(M, (t + 1) * per)):
-            b = r * C
-            for c in range(C):
-                yf[b + c] = (xf[b + c] - center[c]) * scale[c] + offset[c]
-
-
-@njit(parallel=True, **_NJ)
-def bn_bwd_sums(xf, dyf, mean, M, C, nt):
-    """(sum dy, sum dy * (x - mean)) per channel, float64."""
-    per = (M + nt - 1) // nt
-    s1 = np.zeros((nt, C), np.float64)
-    s2 = np.zeros((nt, C), np.float64)
-    for t in prange(nt):
-        a1 = np.zeros(C, np.float64)
-        a2 = np.zeros(C, np.float64)
-        for r in range(t * per, min(M, (t + 1) * per)):
+@njit(**_NJ)
+def bn_sums(t, nt, xf, dyf, center, s1, s2, M, C, backward):
+    """Per-channel float64 partial sums of part t, into s1[t], s2[t]:
+    forward  (backward=False): sum d, sum d*d with d = x - center (shifted sums: stable variance);
+    backward (backward=True):  sum dy, sum dy * (x - center)."""
+    a1 = np.zeros(C, np.float64)
+    a2 = np.zeros(C, np.float64)
+    r0, r1 = _part(t, nt, M)
+    if backward:
+        for r in range(r0, r1):
             b = r * C
             for c in range(C):
                 g = dyf[b + c]
                 a1[c] += g
-                a2[c] += g * (xf[b + c] - mean[c])
-        for c in range(C):
-            s1[t, c] = a1[c]
-            s2[t, c] = a2[c]
-    sdy = np.zeros(C, np.float64)
-    sdyx = np.zeros(C, np.float64)
-    for t in range(nt):
-        for c in range(C):
-            sdy[c] += s1[t, c]
-            sdyx[c] += s2[t, c]
-    return sdy, sdyx
-
-
-@njit(parallel=True, **_NJ)
-def bn_bwd_dx(xf, dyf, center, k1, k2, k3, dxf, M, C, nt):
-    """dx = k1 * dy + k2 * (x - center) + k3, per channel."""
-    per = (M + nt - 1) // nt
-    for t in prange(nt):
-        for r in range(t * per, min(M, (t + 1) * per)):
+                a2[c] += g * (xf[b + c] - center[c])
+    else:
+        for r in range(r0, r1):
             b = r * C
             for c in range(C):
-                dxf[b + c] = k1[c] * dyf[b + c] + k2[c] * (xf[b + c] - center[c]) + k3[c]
+                d = xf[b + c] - center[c]
+                a1[c] += d
+                a2[c] += d * d
+    for c in range(C):
+        s1[t, c] = a1[c]
+        s2[t, c] = a2[c]
+
+
+@njit(**_NJ)
+def bn_affine(t, nt, xf, dyf, center, k1, k2, k3, outf, M, C, with_dy):
+    """out = k1 * dy + k2 * (x - center) + k3 per channel (without the dy term when not with_dy)."""
+    r0, r1 = _part(t, nt, M)
+    if with_dy:
+        for r in range(r0, r1):
+            b = r * C
+            for c in range(C):
+                outf[b + c] = k1[c] * dyf[b + c] + k2[c] * (xf[b + c] - center[c]) + k3[c]
+    else:
+        for r in range(r0, r1):
+            b = r * C
+            for c in range(C):
+                outf[b + c] = k2[c] * (xf[b + c] - center[c]) + k3[c]

@@ -3,10 +3,11 @@
 Design (see `_cpu_conv` for the convolution algorithm):
 - NHWC keeps channels contiguous, so a convolution is a GEMM that reduces over contiguous channels and
   element-wise kernels vectorize over channels.
-- Heavy kernels are numba functions (`cache=True`, compiled once per dtype and cached on disk). They run
-  on numba's thread pool and call single-threaded BLAS from inside, chunk by chunk, on small packed
-  buffers that stay in cache: one thread pool, no im2col matrix in memory. The thread count follows
-  OpenBLAS's (so `threadpoolctl` limits apply to these kernels too) unless `num_threads` is set.
+- Heavy kernels are serial numba functions (`cache=True`, `nogil=True`, compiled once per dtype and
+  cached on disk), split in parts run by a small thread pool (`_cpu_pool`). Convolutions call
+  single-threaded BLAS from inside, chunk by chunk, on small packed buffers that stay in cache: one
+  thread pool, no im2col matrix in memory. The thread count follows OpenBLAS's (so `threadpoolctl`
+  limits apply to these kernels too) unless `num_threads` is set.
 - Where NumPy's BLAS cannot be called from numba (NumPy linked to another BLAS), convolutions fall back
   to plain NumPy (`sliding_window_view` + `tensordot`): correct, slower.
 - `ctx` of a convolution keeps only a reference to its input; pooling keeps the arg-max taps (int32);
@@ -14,7 +15,8 @@ Design (see `_cpu_conv` for the convolution algorithm):
 """
 from __future__ import annotations
 
-import numba
+import os
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -22,6 +24,7 @@ from pydtnn.backends import Backend, ConvSpec, PoolSpec
 from pydtnn.backends import _cpu_blas as blas
 from pydtnn.backends import _cpu_conv as kc
 from pydtnn.backends import _cpu_kernels as kp
+from pydtnn.backends._cpu_pool import POOL
 from pydtnn.errors import ConfigError, ShapeError
 
 _DTYPES = {"float32": np.float32, "float64": np.float64}
@@ -30,6 +33,9 @@ _DTYPES = {"float32": np.float32, "float64": np.float64}
 _TARGET_ROWS = 512
 # Fold all kernel taps into one GEMM (im2col per block) when a kernel row's reduction kw*C is this small.
 _FOLD_BELOW = 64
+# Below this many elements a kernel runs on the calling thread only (waking workers costs more).
+_PARALLEL_MIN = 16384
+_CPUS = os.cpu_count() or 1
 
 
 def _parse_dtype(dtype) -> np.dtype:
@@ -80,13 +86,12 @@ class CPUBackend(Backend):
     def _c(self, a):
         return np.ascontiguousarray(a, dtype=self.dtype)
 
-    def _nt(self) -> int:
-        """Threads for this call: `num_threads`, else OpenBLAS's count; numba's pool is set to it."""
-        n = self.num_threads or blas.blas_threads() or numba.get_num_threads()
-        n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
-        if numba.get_num_threads() != n:
-            numba.set_num_threads(n)
-        return n
+    def _nt(self, work: int = _PARALLEL_MIN) -> int:
+        """Threads for a kernel over `work` elements: `num_threads`, else OpenBLAS's thread count."""
+        if work < _PARALLEL_MIN:
+            return 1
+        n = self.num_threads or blas.blas_threads() or _CPUS
+        return max(1, min(int(n), 4 * _CPUS))
 
     @staticmethod
     def _check4(x, what):
@@ -107,7 +112,7 @@ class CPUBackend(Backend):
         direct = kh == 1 and kw == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
         fold = (kw * c < _FOLD_BELOW) and not direct
         rb = max(1, min(ho, -(-_TARGET_ROWS // wo)))
-        nt = self._nt()
+        nt = self._nt(n * max(h * w * c, ho * wo * k))
         # keep enough items to feed every thread
         while rb > 1 and n * (-(-ho // rb)) < 2 * nt:
             rb = -(-rb // 2)
@@ -147,9 +152,8 @@ class CPUBackend(Backend):
         y = np.empty((n, ho, wo, k), self.dtype)
         if self._is_depthwise(spec):
             wt = self._c(np.asarray(w)[:, 0].transpose(1, 2, 0))           # (kh, kw, C)
-            self._nt()
-            kc.dw_fwd(x.reshape(-1), wt.reshape(-1), bias, y.reshape(-1), n, h, wd, c, ho, wo,
-                      kh, kw, sh, sw, ph, pw, dh, dw)
+            POOL.run(kc.dw_fwd, self._nt(y.size), x.reshape(-1), wt.reshape(-1), bias, y.reshape(-1),
+                     n, h, wd, c, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw)
             return y, (x,)
         if not self.use_blas_kernels:
             y[...] = np.tensordot(self._windows(x, spec, ho, wo), self._c(w), axes=([3, 4, 5], [1, 2, 3]))
@@ -164,9 +168,8 @@ class CPUBackend(Backend):
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = spec.kernel, spec.stride, spec.padding, spec.dilation
         rb, fold, direct, bufsize, nt = self._conv_plan(spec, n, h, wd, c, k, ho, wo)
         with blas.blas_single_thread():
-            kc.conv_fwd(blas.gemm_ptr(self.dtype), x.reshape(-1), wt, bias, y.reshape(-1),
-                        n, h, wd, c, k, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw,
-                        rb, fold, direct, nt, bufsize)
+            POOL.run(kc.conv_fwd, nt, blas.gemm_ptr(self.dtype), x.reshape(-1), wt, bias, y.reshape(-1),
+                     n, h, wd, c, k, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw, rb, fold, direct, bufsize)
 
     def conv2d_backward_data(self, dy, w, ctx, spec: ConvSpec):
         (x,) = ctx
@@ -180,9 +183,8 @@ class CPUBackend(Backend):
         w = np.asarray(w)
         if self._is_depthwise(spec):
             wt = self._c(w[:, 0].transpose(1, 2, 0))
-            nt = self._nt()
-            kc.dw_bwd_data(dy.reshape(-1), wt.reshape(-1), dx.reshape(-1), n, h, wd, c, ho, wo,
-                           kh, kw, sh, sw, ph, pw, dh, dw, nt)
+            POOL.run(kc.dw_bwd_data, self._nt(dx.size), dy.reshape(-1), wt.reshape(-1), dx.reshape(-1),
+                     n, h, wd, c, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw)
             return dx
         if not self.use_blas_kernels:
             return self._bwd_data_numpy(dy, self._c(w), spec, x.shape, ho, wo)
@@ -195,10 +197,9 @@ class CPUBackend(Backend):
             return dx
         wt = self._c(w.transpose(2, 3, 1, 0)).reshape(-1)                    # (kh, kw, C, K)
         rb = max(1, min(ho, -(-_TARGET_ROWS // wo)))
-        nt = self._nt()
         with blas.blas_single_thread():
-            kc.conv_bwd_data_scatter(blas.gemm_ptr(self.dtype), dy.reshape(-1), wt, dx.reshape(-1),
-                                     n, h, wd, c, k, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw, rb, nt)
+            POOL.run(kc.conv_bwd_data_scatter, self._nt(dx.size), blas.gemm_ptr(self.dtype), dy.reshape(-1), wt,
+                     dx.reshape(-1), n, h, wd, c, k, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw, rb)
         return dx
 
     def conv2d_backward_weights(self, dy, ctx, spec: ConvSpec, with_bias: bool):
@@ -210,11 +211,12 @@ class CPUBackend(Backend):
             raise ShapeError(f"conv2d_backward_weights: dy has shape {dy.shape}, expected {(n, ho, wo, k)}")
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = spec.kernel, spec.stride, spec.padding, spec.dilation
         if self._is_depthwise(spec):
-            dwt = np.zeros(kh * kw * c, self.dtype)
-            db = np.zeros(c, self.dtype)
-            nt = self._nt()
-            kc.dw_bwd_w(x.reshape(-1), dy.reshape(-1), dwt, db, n, h, wd, c, ho, wo,
-                        kh, kw, sh, sw, ph, pw, dh, dw, nt, with_bias)
+            nt = self._nt(dy.size)
+            acc = np.zeros((nt, kh * kw * c), self.dtype)
+            dbacc = np.zeros((nt, c), self.dtype)
+            POOL.run(kc.dw_bwd_w, nt, x.reshape(-1), dy.reshape(-1), acc, dbacc, n, h, wd, c, ho, wo,
+                     kh, kw, sh, sw, ph, pw, dh, dw, with_bias)
+            dwt, db = acc.sum(axis=0), dbacc.sum(axis=0)
             dwu = np.ascontiguousarray(dwt.reshape(kh, kw, c).transpose(2, 0, 1))[:, None]
             return dwu, (db if with_bias else None)
         if not self.use_blas_kernels:
@@ -222,12 +224,12 @@ class CPUBackend(Backend):
             db = dy.reshape(-1, k).sum(axis=0) if with_bias else None
             return np.ascontiguousarray(dwu, dtype=self.dtype), db
         rb, fold, direct, bufsize, nt = self._conv_plan(spec, n, h, wd, c, k, ho, wo)
-        dwt = np.zeros(kh * kw * c * k, self.dtype)
-        db = np.zeros(k, self.dtype)
+        acc = np.zeros((nt, kh * kw * c * k), self.dtype)
+        dbacc = np.zeros((nt, k), self.dtype)
         with blas.blas_single_thread():
-            kc.conv_bwd_w(blas.gemm_ptr(self.dtype), x.reshape(-1), dy.reshape(-1), dwt, db,
-                          n, h, wd, c, k, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw,
-                          rb, fold, direct, nt, bufsize, with_bias)
+            POOL.run(kc.conv_bwd_w, nt, blas.gemm_ptr(self.dtype), x.reshape(-1), dy.reshape(-1), acc, dbacc,
+                     n, h, wd, c, k, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw, rb, fold, direct, bufsize, with_bias)
+        dwt, db = (acc[0], dbacc[0]) if nt == 1 else (acc.sum(axis=0), dbacc.sum(axis=0))
         dwu = np.ascontiguousarray(dwt.reshape(kh, kw, c, k).transpose(3, 2, 0, 1))
         return dwu, (db if with_bias else None)
 
@@ -262,15 +264,16 @@ class CPUBackend(Backend):
         n, h, w, c, ho, wo = self._pool_geometry(x, spec, "pool2d_forward")
         (kh, kw), (sh, sw), (ph, pw) = spec.pool, spec.stride, spec.padding
         y = np.empty((n, ho, wo, c), self.dtype)
-        self._nt()
-        if spec.kind == "avg" and (kh, kw) == (h, w) and ph == 0 and pw == 0:
-            kp.global_avg_fwd(x.reshape(-1), y.reshape(-1), n, h * w, c)
+        nt = self._nt(x.size)
+        if spec.kind == "avg" and (kh, kw) == (h, w) and ph == 0 and pw == 0:      # global: a reduction
+            POOL.run(kp.global_avg_fwd, nt, x.reshape(-1), y.reshape(-1), n, h * w, c)
             return y, (x.shape, None)
         if spec.kind == "avg":
-            kp.avgpool_fwd(x.reshape(-1), y.reshape(-1), n, h, w, c, ho, wo, kh, kw, sh, sw, ph, pw)
+            POOL.run(kp.avgpool_fwd, nt, x.reshape(-1), y.reshape(-1), n, h, w, c, ho, wo, kh, kw, sh, sw, ph, pw)
             return y, (x.shape, None)
         idx = np.empty((n, ho, wo, c), np.int32)
-        kp.maxpool_fwd(x.reshape(-1), y.reshape(-1), idx.reshape(-1), n, h, w, c, ho, wo, kh, kw, sh, sw, ph, pw)
+        POOL.run(kp.maxpool_fwd, nt, x.reshape(-1), y.reshape(-1), idx.reshape(-1), n, h, w, c, ho, wo,
+                 kh, kw, sh, sw, ph, pw)
         return y, (x.shape, idx)
 
     def pool2d_backward(self, dy, ctx, spec: PoolSpec):
@@ -282,14 +285,14 @@ class CPUBackend(Backend):
         if dy.shape != (n, ho, wo, c):
             raise ShapeError(f"pool2d_backward: dy has shape {dy.shape}, expected {(n, ho, wo, c)}")
         dx = np.empty(xshape, self.dtype)
-        nt = self._nt()
+        nt = self._nt(dx.size)
         if spec.kind == "avg" and (kh, kw) == (h, w) and ph == 0 and pw == 0:
-            kp.global_avg_bwd(dy.reshape(-1), dx.reshape(-1), n, h * w, c)
+            POOL.run(kp.global_avg_bwd, nt, dy.reshape(-1), dx.reshape(-1), n, h * w, c)
         elif spec.kind == "avg":
-            kp.avgpool_bwd(dy.reshape(-1), dx.reshape(-1), n, h, w, c, ho, wo, kh, kw, sh, sw, ph, pw, nt)
+            POOL.run(kp.avgpool_bwd, nt, dy.reshape(-1), dx.reshape(-1), n, h, w, c, ho, wo, kh, kw, sh, sw, ph, pw)
         else:
-            kp.maxpool_bwd(dy.reshape(-1), idx.reshape(-1), dx.reshape(-1), n, h, w, c, ho, wo,
-                           kh, kw, sh, sw, ph, pw, nt)
+            POOL.run(kp.maxpool_bwd, nt, dy.reshape(-1), idx.reshape(-1), dx.reshape(-1), n, h, w, c, ho, wo,
+                     kh, kw, sh, sw, ph, pw)
         return dx
 
     # --- batch normalization ------------------------------------------------------------------------
@@ -300,30 +303,41 @@ class CPUBackend(Backend):
         c = x.shape[-1]
         if np.size(gamma) != c:
             raise ShapeError(f"{what}: input has {c} channels but gamma has {np.size(gamma)}")
-        return x, x.reshape(-1, c)
+        return x, x.size // max(c, 1), c
+
+    def _vec(self, v):
+        return np.ascontiguousarray(np.asarray(v).reshape(-1), dtype=self.dtype)
 
     def batchnorm_forward_train(self, x, gamma, beta, eps: float):
-        x, x2 = self._bn_2d(x, gamma, "batchnorm_forward_train")
-        m, c = x2.shape
-        nt = self._nt()
-        mean, var = kp.bn_stats(x2.reshape(-1), m, c, nt)
+        x, m, c = self._bn_2d(x, gamma, "batchnorm_forward_train")
+        if m == 0:
+            raise ShapeError("batchnorm_forward_train: empty batch")
+        xf = x.reshape(-1)
+        nt = self._nt(x.size)
+        s1 = np.empty((nt, c))
+        s2 = np.empty((nt, c))
+        shift = xf[:c].astype(np.float64)                     # shifted sums: stable one-pass variance
+        POOL.run(kp.bn_sums, nt, xf, xf, shift, s1, s2, m, c, False)
+        d1 = s1.sum(axis=0) / m
+        mean = shift + d1
+        var = np.maximum(s2.sum(axis=0) / m - d1 * d1, 0.0)
         invstd = 1.0 / np.sqrt(var + eps)
         g = np.asarray(gamma, np.float64).reshape(-1)
-        dt = self.dtype
         y = np.empty_like(x)
-        kp.bn_apply(x2.reshape(-1), mean.astype(dt), (g * invstd).astype(dt), self._c(beta).reshape(-1),
-                    y.reshape(-1), m, c, nt)
+        POOL.run(kp.bn_affine, nt, xf, xf, self._vec(mean), self._vec(mean), self._vec(g * invstd),
+                 self._vec(beta), y.reshape(-1), m, c, False)
         ctx = (x, mean, invstd, g)
         return y, mean.astype(self.dtype), var.astype(self.dtype), ctx
 
     def batchnorm_forward_infer(self, x, gamma, beta, mean, var, eps: float):
-        x, x2 = self._bn_2d(x, gamma, "batchnorm_forward_infer")
-        m, c = x2.shape
+        x, m, c = self._bn_2d(x, gamma, "batchnorm_forward_infer")
         invstd = 1.0 / np.sqrt(np.asarray(var, np.float64).reshape(-1) + eps)
         scale = np.asarray(gamma, np.float64).reshape(-1) * invstd
         y = np.empty_like(x)
-        kp.bn_apply(x2.reshape(-1), self._c(mean).reshape(-1), scale.astype(self.dtype), self._c(beta).reshape(-1),
-                    y.reshape(-1), m, c, self._nt())
+        xf = x.reshape(-1)
+        mu = self._vec(mean)
+        POOL.run(kp.bn_affine, self._nt(x.size), xf, xf, mu, mu, self._vec(scale), self._vec(beta),
+                 y.reshape(-1), m, c, False)
         return y
 
     def batchnorm_backward(self, dy, ctx):
@@ -333,14 +347,17 @@ class CPUBackend(Backend):
             raise ShapeError(f"batchnorm_backward: dy has shape {dy.shape}, expected {x.shape}")
         c = x.shape[-1]
         m = x.size // c
-        nt = self._nt()
-        sdy, sdyx = kp.bn_bwd_sums(x.reshape(-1), dy.reshape(-1), mean, m, c, nt)
-        dbeta = sdy
-        dgamma = sdyx * invstd
+        nt = self._nt(x.size)
+        s1 = np.empty((nt, c))
+        s2 = np.empty((nt, c))
+        xf, dyf = x.reshape(-1), dy.reshape(-1)
+        POOL.run(kp.bn_sums, nt, xf, dyf, mean, s1, s2, m, c, True)
+        sdy, sdyx = s1.sum(axis=0), s2.sum(axis=0)
+        # dx = g*invstd * (dy - mean(dy) - xhat * mean(dy * xhat))
         k1 = g * invstd
         k2 = -g * invstd ** 3 * sdyx / m
         k3 = -k1 * sdy / m
         dx = np.empty_like(x)
-        kp.bn_bwd_dx(x.reshape(-1), dy.reshape(-1), mean.astype(self.dtype), k1.astype(self.dtype), k2.astype(self.dtype),
-                     k3.astype(self.dtype), dx.reshape(-1), m, c, nt)
-        return dx, dgamma.astype(self.dtype), dbeta.astype(self.dtype)
+        POOL.run(kp.bn_affine, nt, xf, dyf, self._vec(mean), self._vec(k1), self._vec(k2), self._vec(k3),
+                 dx.reshape(-1), m, c, True)
+        return dx, (sdyx * invstd).astype(self.dtype), sdy.astype(self.dtype)
