@@ -238,11 +238,13 @@ def run(p):
                                crop_images=p.crop_images, crop_images_size=p.crop_images_size,
                                crop_images_prob=p.crop_images_prob)
     else:
+        if p.download:
+            _download_on_rank0(p, comm)
         dataset = load_dataset(p.dataset_name, train_path=p.dataset_train_path, test_path=p.dataset_test_path,
                                validation_split=p.validation_split, test_as_validation=p.test_as_validation,
                                normalize=p.normalize, flip_images=p.flip_images, flip_images_prob=p.flip_images_prob,
                                crop_images=p.crop_images, crop_images_size=p.crop_images_size,
-                               crop_images_prob=p.crop_images_prob, seed=p.seed, download=p.download)
+                               crop_images_prob=p.crop_images_prob, seed=p.seed)
         build_model(p.model_name, model, nclasses=dataset.nclasses,
                     input_shape=None if os.path.isfile(p.model_name) else dataset.input_shape)
     if tuple(model.input_shape) != tuple(dataset.input_shape):
@@ -332,6 +334,21 @@ def run(p):
             print(line)
     comm.barrier()
     return 0
+
+
+def _download_on_rank0(p, comm):
+    """Only rank 0 downloads (two writers of one .part file would corrupt it); the others wait for it."""
+    import numpy as np
+    from pydtnn.datasets import load_dataset
+    error = None
+    if comm.rank == 0:
+        try:
+            load_dataset(p.dataset_name, train_path=p.dataset_train_path, test_path=p.dataset_test_path,
+                         download=True)
+        except PyDTNNError as e:
+            error = e
+    if np.any(comm.allgather(1.0 if error else 0.0)):
+        raise error if error is not None else ConfigError("the dataset download failed on rank 0")
 
 
 def _probe_sizes(trainer, B, P):
