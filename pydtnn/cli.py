@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "sleeps for the missing time after each step's compute); for experiments on one machine")
     g.add_argument("--threads_per_replica", type=positive_int, default=None, help="BLAS threads of each replica")
     g.add_argument("--enable_gpu", type=B, default=False, help="run on the GPU backend (CuPy + cuDNN)")
+    g.add_argument("--devices", default=None,
+                   help="one device kind per replica, e.g. gpu,cpu,cpu: a mixed job whose replicas reduce through "
+                        "MPI on host buffers (overrides --enable_gpu)")
     g.add_argument("--enable_nccl", type=B, default=False, help="reduce GPU gradients with NCCL")
     g.add_argument("--enable_gpudirect", type=B, default=False, help="accepted for compatibility")
     g.add_argument("--enable_cudnn_auto_conv_alg", type=B, default=True, help="GPU: pick conv algorithms by measurement")
@@ -199,6 +202,8 @@ def _print_params(p, comm_size):
 def run(p):
     """Everything after parsing. Raises PyDTNNError for the user's mistakes."""
     from pydtnn.parallel.comm import make_comm
+    if p.enable_nccl and p.parallel != "data":
+        raise ConfigError("--enable_nccl needs --parallel data")
     comm = make_comm("auto") if p.parallel == "data" else make_comm("serial")
     if p.parallel == "sequential" and _launched_with_many_processes():
         raise ConfigError("several MPI processes with --parallel sequential would train independent copies; "
@@ -218,7 +223,19 @@ def run(p):
     from pydtnn.trainer import Trainer
 
     P, rank = comm.size, comm.rank
-    backend = "gpu" if p.enable_gpu else "cpu"
+    devices = [("gpu" if p.enable_gpu else "cpu")] * P
+    if p.devices:
+        devices = [d.strip().lower() for d in p.devices.split(",")]
+        if len(devices) != P or any(d not in ("cpu", "gpu") for d in devices):
+            raise ConfigError(f"--devices needs one of cpu/gpu per replica ({P}), got {p.devices!r}")
+    backend = devices[rank]
+    if p.enable_nccl and P > 1:
+        if any(d != "gpu" for d in devices):
+            raise ConfigError("--enable_nccl needs every replica on a GPU; mixed --devices reduce through MPI")
+        comm = make_comm("nccl")
+    if p.non_blocking_mpi and backend == "gpu" and not p.enable_nccl:
+        raise ConfigError("--non_blocking_mpi overlaps MPI reductions of host buffers: use it with CPU replicas, "
+                          "or --enable_nccl for GPU ones")
     model = Model(backend=backend, dtype=p.dtype, seed=p.seed)
     model.backend.seed(p.seed * 1000003 + rank)          # dropout: an independent stream per replica
 

@@ -9,8 +9,8 @@ from pydtnn.layers import (FC, AdditionBlock, AveragePool2D, BatchNormalization,
                            Dropout, Flatten, Input, MaxPool2D)
 
 
-def build(in_shape, *layers, seed=0):
-    model = Model(backend="cpu", dtype="float64", seed=seed)
+def build(backend, in_shape, *layers, seed=0):
+    model = Model(backend=backend, dtype="float64", seed=seed)
     model.add(Input(shape=in_shape))
     for layer in layers:
         model.add(layer)
@@ -38,8 +38,8 @@ CONV_CASES = [
 
 
 @pytest.mark.parametrize("in_shape,kw", CONV_CASES, ids=[str(c[1]) for c in CONV_CASES])
-def test_conv2d(in_shape, kw):
-    model = build(in_shape, Conv2D(**kw, weights_initializer="he_normal", biases_initializer="glorot_uniform"
+def test_conv2d(in_shape, kw, backend_name):
+    model = build(backend_name, in_shape, Conv2D(**kw, weights_initializer="he_normal", biases_initializer="glorot_uniform"
                                    if kw.get("use_bias", True) else "zeros"))
     assert_gradients(model, batch(in_shape))
 
@@ -54,21 +54,21 @@ POOL_CASES = [
 
 @pytest.mark.parametrize("pool", [MaxPool2D, AveragePool2D])
 @pytest.mark.parametrize("in_shape,kw", POOL_CASES, ids=[str(c[1]) for c in POOL_CASES])
-def test_pooling(pool, in_shape, kw):
+def test_pooling(pool, in_shape, kw, backend_name):
     # random normal inputs have no ties, so max pooling is differentiable at them
-    assert_gradients(build(in_shape, pool(**kw)), batch(in_shape))
+    assert_gradients(build(backend_name, in_shape, pool(**kw)), batch(in_shape))
 
 
 @pytest.mark.parametrize("in_shape", [(3, 5, 4), (7,)])
-def test_batchnorm_training(in_shape):
-    model = build(in_shape, BatchNormalization())
+def test_batchnorm_training(in_shape, backend_name):
+    model = build(backend_name, in_shape, BatchNormalization())
     model.layers[1].gamma[...] = np.linspace(0.5, 1.5, in_shape[0])
     model.layers[1].beta[...] = np.linspace(-1, 1, in_shape[0])
     assert_gradients(model, batch(in_shape, n=4))
 
 
-def test_batchnorm_inference():
-    model = build((3, 4, 4), BatchNormalization())
+def test_batchnorm_inference(backend_name):
+    model = build(backend_name, (3, 4, 4), BatchNormalization())
     bn = model.layers[1]
     bn.mean[...] = [0.1, -0.2, 0.3]
     bn.var[...] = [0.5, 2.0, 1.5]
@@ -77,47 +77,47 @@ def test_batchnorm_inference():
 
 @pytest.mark.parametrize("act", [Relu, LeakyRelu, Sigmoid, Tanh])
 @pytest.mark.parametrize("in_shape", [(6,), (2, 3, 5)])
-def test_activations(act, in_shape):
-    assert_gradients(build(in_shape, act()), batch(in_shape))
+def test_activations(act, in_shape, backend_name):
+    assert_gradients(build(backend_name, in_shape, act()), batch(in_shape))
 
 
-def test_softmax():
-    assert_gradients(build((6,), Softmax()), batch((6,)))
+def test_softmax(backend_name):
+    assert_gradients(build(backend_name, (6,), Softmax()), batch((6,)))
 
 
 @pytest.mark.parametrize("use_bias", [True, False])
-def test_fc(use_bias):
-    model = build((7,), FC(shape=(5,), use_bias=use_bias, biases_initializer="glorot_uniform" if use_bias else "zeros"))
+def test_fc(use_bias, backend_name):
+    model = build(backend_name, (7,), FC(shape=(5,), use_bias=use_bias, biases_initializer="glorot_uniform" if use_bias else "zeros"))
     assert_gradients(model, batch((7,)))
 
 
-def test_fc_activation_shortcut():
-    model = build((7,), FC(shape=(5,), activation="tanh"), FC(shape=(4,), activation="sigmoid"))
+def test_fc_activation_shortcut(backend_name):
+    model = build(backend_name, (7,), FC(shape=(5,), activation="tanh"), FC(shape=(4,), activation="sigmoid"))
     assert [type(l).__name__ for l in model.layers] == ["Input", "FC", "Tanh", "FC", "Sigmoid"]
     assert_gradients(model, batch((7,)))
 
 
-def test_flatten_dropout():
-    model = build((2, 3, 4), Flatten(), Dropout(0.4), FC(shape=(3,)))
+def test_flatten_dropout(backend_name):
+    model = build(backend_name, (2, 3, 4), Flatten(), Dropout(0.4), FC(shape=(3,)))
     assert_gradients(model, batch((2, 3, 4)))
 
 
-def test_addition_block_with_identity():
-    model = build((4, 6, 5), AdditionBlock(
+def test_addition_block_with_identity(backend_name):
+    model = build(backend_name, (4, 6, 5), AdditionBlock(
         [Conv2D(nfilters=4, filter_shape=(3, 3), padding=1), BatchNormalization(), Relu()], []))
     assert_gradients(model, batch((4, 6, 5), n=4))
 
 
-def test_addition_block_projection():
-    model = build((3, 7, 7), AdditionBlock(
+def test_addition_block_projection(backend_name):
+    model = build(backend_name, (3, 7, 7), AdditionBlock(
         [Conv2D(nfilters=5, filter_shape=(3, 3), stride=2, padding=1, activation="relu"),
          Conv2D(nfilters=5, filter_shape=(3, 3), padding=1)],
         [Conv2D(nfilters=5, filter_shape=(1, 1), stride=2)]), Relu())
     assert_gradients(model, batch((3, 7, 7)))
 
 
-def test_concatenation_block():
-    model = build((3, 6, 7), ConcatenationBlock(
+def test_concatenation_block(backend_name):
+    model = build(backend_name, (3, 6, 7), ConcatenationBlock(
         [Conv2D(nfilters=2, filter_shape=(3, 3), padding=1, activation="relu")],
         [Conv2D(nfilters=4, filter_shape=(1, 1)), MaxPool2D(pool_shape=(3, 3), stride=1, padding=1)],
         []))
@@ -125,14 +125,14 @@ def test_concatenation_block():
     assert_gradients(model, batch((3, 6, 7)))
 
 
-def test_concatenation_of_features():
-    model = build((5,), ConcatenationBlock([FC(shape=(3,))], [FC(shape=(2,), activation="relu")], []))
+def test_concatenation_of_features(backend_name):
+    model = build(backend_name, (5,), ConcatenationBlock([FC(shape=(3,))], [FC(shape=(2,), activation="relu")], []))
     assert model.output_shape == (10,)
     assert_gradients(model, batch((5,)))
 
 
-def test_nested_blocks_small_cnn():
-    model = build((2, 9, 9),
+def test_nested_blocks_small_cnn(backend_name):
+    model = build(backend_name, (2, 9, 9),
                   Conv2D(nfilters=3, filter_shape=(3, 3), padding=1), BatchNormalization(), LeakyRelu(),
                   AdditionBlock([ConcatenationBlock([Conv2D(nfilters=2, filter_shape=(3, 3), padding=1)],
                                                     [Conv2D(nfilters=1, filter_shape=(1, 1))]),

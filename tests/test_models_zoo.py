@@ -7,7 +7,9 @@ take most of the time budget. The training-step tests use the real initializers,
 for MNIST and CIFAR-10 models and at the reduced sizes of TRAIN_SHAPES for the ImageNet ones:
 - ResNets, DenseNets, GoogLeNet: 3x64x64 (global average pooling adapts);
 - VGGs: 3x32x32 (the first FC then takes 512 features instead of 25,088);
-- AlexNet: 3x67x67 (its smallest input); Inception v3: 3x75x75 (its smallest input).
+- AlexNet: 3x67x67 (its smallest input); Inception v3: 3x139x139 (its smallest input, 75x75, leaves 1x1 maps
+  whose BatchNormalization over a batch of 2 sees two values: a degenerate, non-smooth loss with gradients
+  of 1e7 that blows up the step).
 ResNet-50 also takes one step at its full 3x224x224 size.
 """
 import difflib
@@ -71,7 +73,7 @@ TRAIN_SHAPES = {
     "googlenet_imagenet": (3, 64, 64),
     **{f"vgg{d}_imagenet": (3, 32, 32) for d in (11, 16, 19)},
     "alexnet_imagenet": (3, 67, 67),
-    "inceptionv3_imagenet": (3, 75, 75),
+    "inceptionv3_imagenet": (3, 139, 139),
 }
 
 
@@ -216,6 +218,12 @@ def _one_hot(labels, k):
     return y
 
 
+# Inference at initialization overflows float32 in ResNet-1202: the running statistics are still the identity,
+# so each of its 600 residual additions roughly doubles the activations' variance (training-mode batch
+# statistics keep it in check).
+OVERFLOWS_AT_INIT = {"resnet1202_cifar10"}
+
+
 def _training_step(name, shape):
     model = build_model(name, new_model(), input_shape=shape)
     nclasses = default_nclasses(name)
@@ -223,6 +231,11 @@ def _training_step(name, shape):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, *model.input_shape)).astype(np.float32)
     y = _one_hot([3, 7], nclasses)
+    with np.errstate(over="ignore", invalid="ignore"):
+        probs = model.forward(x, training=False)
+    assert probs.shape == (2, nclasses)
+    if name not in OVERFLOWS_AT_INIT:
+        assert np.allclose(probs.sum(axis=1), 1, atol=1e-4)
     before = model.params.copy()
     loss, y_pred = model.compute_gradients(x, y, "categorical_cross_entropy")
     assert y_pred.shape == (2, nclasses)
@@ -234,8 +247,6 @@ def _training_step(name, shape):
     # back-propagation reached every parameter tensor, from the classifier back to the first convolution
     unchanged = [key for key, (lo, n) in model.param_offsets.items() if not changed[lo:lo + n].any()]
     assert unchanged == []
-    probs = model.forward(x, training=False)
-    assert probs.shape == (2, nclasses) and np.allclose(probs.sum(axis=1), 1, atol=1e-4)
     del model, before, changed
     gc.collect()
 
