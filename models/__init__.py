@@ -41,7 +41,7 @@ def get_model_builder(name: str):
     try:
         return MODELS[name]
     except (KeyError, TypeError):
-        close = difflib.get_close_matches(str(name), MODELS, n=4, cutoff=0.5)
+        close = difflib.get_close_matches(str(name), MODELS, n=6, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else f"; known models: {', '.join(list_models())}"
         raise ConfigError(f"unknown model {name!r}{hint} (or pass the path of a .py file defining "
                           f"create_model(model))") from None
@@ -74,19 +74,15 @@ def load_model_file(path):
     if not os.path.isfile(path):
         raise ConfigError(f"model file {path} does not exist")
     module_name = "pydtnn_user_model_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"model file {path} cannot be imported as Python (is it a .py file?)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
     try:
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise ConfigError(f"model file {path} cannot be imported as Python")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
         spec.loader.exec_module(module)
-    except ConfigError:
-        raise
-    except BaseException as e:     # SyntaxError, ImportError, anything its top level raises (not Ctrl-C)
+    except Exception as e:         # SyntaxError, ImportError, anything its top level raises
         sys.modules.pop(module_name, None)
-        if isinstance(e, KeyboardInterrupt):
-            raise
         raise ConfigError(f"model file {path} failed to load: {type(e).__name__}: {_one_line(e)}") from e
     create = getattr(module, "create_model", None)
     if not callable(create):

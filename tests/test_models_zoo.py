@@ -129,7 +129,7 @@ def test_unknown_name_lists_close_matches():
     assert difflib.get_close_matches("resnet50_imagnet", MODELS)[0] == "resnet50_imagenet"
 
 
-def test_bad_arguments_are_config_errors():
+def test_bad_arguments_raise_user_errors():
     with pytest.raises(ConfigError, match="nclasses"):
         build_model("simplecnn", new_model(), nclasses=0)
     with pytest.raises(ConfigError, match="nclasses"):

@@ -22,6 +22,9 @@ def _part(t, nt, total):
 _part = njit(**_NJ)(_part)
 
 
+# Inner loops index 0-based slice views with their loop variable: computed signed offsets into a flat
+# array make numba emit negative-index wraparound code that blocks vectorization.
+
 # --- pooling ---------------------------------------------------------------------------------------
 
 @njit(**_NJ_STRICT)
@@ -33,9 +36,11 @@ def maxpool_fwd(t, nt, xf, yf, idx, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw):
         ho = nh - n * Ho
         for wo in range(Wo):
             o = (nh * Wo + wo) * C
+            yp = yf[o:o + C]
+            ip = idx[o:o + C]
             for c in range(C):
-                yf[o + c] = -np.inf
-                idx[o + c] = -1
+                yp[c] = -np.inf
+                ip[c] = -1
             for i in range(kh):
                 h = ho * sh - ph + i
                 if h < 0 or h >= H:
@@ -45,12 +50,13 @@ def maxpool_fwd(t, nt, xf, yf, idx, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw):
                     if w < 0 or w >= W:
                         continue
                     s = ((n * H + h) * W + w) * C
+                    xp = xf[s:s + C]
                     tap = i * kw + j
                     for c in range(C):
-                        v = xf[s + c]
-                        if v > yf[o + c] or idx[o + c] < 0:
-                            yf[o + c] = v
-                            idx[o + c] = tap
+                        v = xp[c]
+                        if v > yp[c] or ip[c] < 0:
+                            yp[c] = v
+                            ip[c] = tap
 
 
 @njit(**_NJ)
@@ -58,20 +64,20 @@ def maxpool_bwd(t, nt, dyf, idx, dxf, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw
     """dx[arg-max] += dy, image by image (overlapping windows need no atomics)."""
     n0, n1 = _part(t, nt, N)
     for n in range(n0, n1):
-        base = n * H * W * C
+        dxn = dxf[n * H * W * C:(n + 1) * H * W * C]
         for q in range(H * W * C):
-            dxf[base + q] = 0
+            dxn[q] = 0
         for ho in range(Ho):
             for wo in range(Wo):
                 o = ((n * Ho + ho) * Wo + wo) * C
+                yp = dyf[o:o + C]
+                ip = idx[o:o + C]
                 for c in range(C):
-                    tap = idx[o + c]
+                    tap = ip[c]
                     if tap >= 0:
                         i = tap // kw
                         j = tap - i * kw
-                        h = ho * sh - ph + i
-                        w = wo * sw - pw + j
-                        dxf[base + (h * W + w) * C + c] += dyf[o + c]
+                        dxn[((ho * sh - ph + i) * W + wo * sw - pw + j) * C + c] += yp[c]
 
 
 @njit(**_NJ)
@@ -84,8 +90,9 @@ def avgpool_fwd(t, nt, xf, yf, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw):
         ho = nh - n * Ho
         for wo in range(Wo):
             o = (nh * Wo + wo) * C
+            yp = yf[o:o + C]
             for c in range(C):
-                yf[o + c] = 0
+                yp[c] = 0
             for i in range(kh):
                 h = ho * sh - ph + i
                 if h < 0 or h >= H:
@@ -95,10 +102,11 @@ def avgpool_fwd(t, nt, xf, yf, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw):
                     if w < 0 or w >= W:
                         continue
                     s = ((n * H + h) * W + w) * C
+                    xp = xf[s:s + C]
                     for c in range(C):
-                        yf[o + c] += xf[s + c]
+                        yp[c] += xp[c]
             for c in range(C):
-                yf[o + c] *= inv
+                yp[c] *= inv
 
 
 @njit(**_NJ)
@@ -106,12 +114,13 @@ def avgpool_bwd(t, nt, dyf, dxf, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw):
     inv = dyf.dtype.type(1.0 / (kh * kw))
     n0, n1 = _part(t, nt, N)
     for n in range(n0, n1):
-        base = n * H * W * C
+        dxn = dxf[n * H * W * C:(n + 1) * H * W * C]
         for q in range(H * W * C):
-            dxf[base + q] = 0
+            dxn[q] = 0
         for ho in range(Ho):
             for wo in range(Wo):
                 o = ((n * Ho + ho) * Wo + wo) * C
+                yp = dyf[o:o + C]
                 for i in range(kh):
                     h = ho * sh - ph + i
                     if h < 0 or h >= H:
@@ -120,9 +129,9 @@ def avgpool_bwd(t, nt, dyf, dxf, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw):
                         w = wo * sw - pw + j
                         if w < 0 or w >= W:
                             continue
-                        d = base + (h * W + w) * C
+                        d = dxn[(h * W + w) * C:(h * W + w + 1) * C]
                         for c in range(C):
-                            dxf[d + c] += dyf[o + c] * inv
+                            d[c] += yp[c] * inv
 
 
 @njit(**_NJ)
@@ -131,13 +140,16 @@ def global_avg_fwd(t, nt, xf, yf, N, HW, C):
     acc = np.zeros(C, np.float64)
     n0, n1 = _part(t, nt, N)
     for n in range(n0, n1):
-        acc[:] = 0
-        base = n * HW * C
-        for p in range(HW):
-            for c in range(C):
-                acc[c] += xf[base + p * C + c]
         for c in range(C):
-            yf[n * C + c] = acc[c] * inv
+            acc[c] = 0
+        xn = xf[n * HW * C:(n + 1) * HW * C]
+        for p in range(HW):
+            xp = xn[p * C:(p + 1) * C]
+            for c in range(C):
+                acc[c] += xp[c]
+        yp = yf[n * C:(n + 1) * C]
+        for c in range(C):
+            yp[c] = acc[c] * inv
 
 
 @njit(**_NJ)
@@ -145,10 +157,12 @@ def global_avg_bwd(t, nt, dyf, dxf, N, HW, C):
     inv = dyf.dtype.type(1.0 / HW)
     n0, n1 = _part(t, nt, N)
     for n in range(n0, n1):
-        base = n * HW * C
+        yp = dyf[n * C:(n + 1) * C]
+        dxn = dxf[n * HW * C:(n + 1) * HW * C]
         for p in range(HW):
+            d = dxn[p * C:(p + 1) * C]
             for c in range(C):
-                dxf[base + p * C + c] = dyf[n * C + c] * inv
+                d[c] = yp[c] * inv
 
 
 # --- batch normalization ---------------------------------------------------------------------------
@@ -158,26 +172,27 @@ def bn_sums(t, nt, xf, dyf, center, s1, s2, M, C, backward):
     """Per-channel float64 partial sums of part t, into s1[t], s2[t]:
     forward  (backward=False): sum d, sum d*d with d = x - center (shifted sums: stable variance);
     backward (backward=True):  sum dy, sum dy * (x - center)."""
-    a1 = np.zeros(C, np.float64)
-    a2 = np.zeros(C, np.float64)
+    a1 = s1[t]
+    a2 = s2[t]
+    for c in range(C):
+        a1[c] = 0
+        a2[c] = 0
     r0, r1 = _part(t, nt, M)
     if backward:
         for r in range(r0, r1):
-            b = r * C
+            xr = xf[r * C:(r + 1) * C]
+            gr = dyf[r * C:(r + 1) * C]
             for c in range(C):
-                g = dyf[b + c]
+                g = gr[c]
                 a1[c] += g
-                a2[c] += g * (xf[b + c] - center[c])
+                a2[c] += g * (xr[c] - center[c])
     else:
         for r in range(r0, r1):
-            b = r * C
+            xr = xf[r * C:(r + 1) * C]
             for c in range(C):
-                d = xf[b + c] - center[c]
+                d = xr[c] - center[c]
                 a1[c] += d
                 a2[c] += d * d
-    for c in range(C):
-        s1[t, c] = a1[c]
-        s2[t, c] = a2[c]
 
 
 @njit(**_NJ)
@@ -186,11 +201,14 @@ def bn_affine(t, nt, xf, dyf, center, k1, k2, k3, outf, M, C, with_dy):
     r0, r1 = _part(t, nt, M)
     if with_dy:
         for r in range(r0, r1):
-            b = r * C
+            xr = xf[r * C:(r + 1) * C]
+            gr = dyf[r * C:(r + 1) * C]
+            orow = outf[r * C:(r + 1) * C]
             for c in range(C):
-                outf[b + c] = k1[c] * dyf[b + c] + k2[c] * (xf[b + c] - center[c]) + k3[c]
+                orow[c] = k1[c] * gr[c] + k2[c] * (xr[c] - center[c]) + k3[c]
     else:
         for r in range(r0, r1):
-            b = r * C
+            xr = xf[r * C:(r + 1) * C]
+            orow = outf[r * C:(r + 1) * C]
             for c in range(C):
-                outf[b + c] = k2[c] * (xf[b + c] - center[c]) + k3[c]
+                orow[c] = k2[c] * (xr[c] - center[c]) + k3[c]

@@ -32,7 +32,7 @@ _DTYPES = {"float32": np.float32, "float64": np.float64}
 # Row blocks: aim for about this many output pixels per packed GEMM (the packed block stays in L2).
 _TARGET_ROWS = 512
 # Fold all kernel taps into one GEMM (im2col per block) when a kernel row's reduction kw*C is this small.
-_FOLD_BELOW = 64
+_FOLD_BELOW = 16
 # Below this many elements a kernel runs on the calling thread only (waking workers costs more).
 _PARALLEL_MIN = 16384
 _CPUS = os.cpu_count() or 1
