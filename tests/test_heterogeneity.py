@@ -1,0 +1,115 @@
+"""Heterogeneity end to end, through the launcher in real MPI jobs with emulated replica speeds.
+
+`--emulate_speeds f_1,...,f_P` makes replica i sleep after its compute for compute * (max f / f_i - 1),
+so its compute time scales exactly with 1/f_i: the balancers should find the emulated ratios, the equal
+split should make the fast replica wait, and the launcher's other data-parallel paths (non-blocking
+reduction, tracing) must keep working under it.
+"""
+import json
+import os
+import re
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mpi_helpers import REPO_ROOT, describe, run_mpi  # noqa: E402
+
+LAUNCHER = REPO_ROOT / "scripts" / "pydtnn_benchmark.py"
+BASE = ["--model", "simplecnn", "--dataset", "synthetic", "--parallel", "data", "--lr_schedulers", "",
+        "--progress_bar", "false", "--threads_per_replica", "1", "--seed", "1"]
+
+
+def launch(nprocs, args, timeout=120):
+    r = run_mpi(nprocs, LAUNCHER, [*BASE, *map(str, args)], timeout=timeout)
+    assert r.returncode == 0, describe(r)
+    return r
+
+
+def printed_split(stdout):
+    m = re.search(r"split as \[([0-9, ]+)\]", stdout)
+    assert m, stdout
+    return [int(v) for v in m.group(1).split(",")]
+
+
+def test_dynamic_balancing_converges_to_the_emulated_speed_ratio(tmp_path):
+    history = tmp_path / "h.json"
+    # 400 samples / B = 40: 10 full steps per epoch (so rank{i}_b is the split in force), a re-split
+    # decision every 5 steps, 8 epochs = 16 decisions
+    r = launch(2, ["--balance", "dynamic", "--rebalance_interval", 5, "--emulate_speeds", "1,0.25",
+                   "--global_batch_size", 40, "--synthetic_samples", 400, "--num_epochs", 8,
+                   "--learning_rate", 0.01, "--history_file", history])
+    assert printed_split(r.stdout) == [20, 20]                  # it starts from the equal split
+    rows = json.loads(history.read_text())
+    assert len(rows) == 8
+    for row in rows:
+        assert row["rank0_b"] + row["rank1_b"] == 40
+    b0, b1 = rows[-1]["rank0_b"], rows[-1]["rank1_b"]
+    assert 3.0 <= b0 / b1 <= 5.0, (b0, b1, [(h["rank0_b"], h["rank1_b"]) for h in rows])
+    # it got there, and stayed: the last epochs agree (hysteresis stops a flapping split)
+    assert all(abs(h["rank0_b"] / h["rank1_b"] - b0 / b1) <= 1.0 for h in rows[-3:]), rows
+
+
+def test_static_balance_with_probed_speeds_splits_about_two_to_one():
+    r = launch(2, ["--balance", "static", "--emulate_speeds", "1,0.5", "--global_batch_size", 60,
+                   "--synthetic_samples", 120, "--num_epochs", 1])
+    a, b = printed_split(r.stdout)
+    assert a + b == 60
+    assert a > b and 1.5 <= a / b <= 2.8, (a, b)             # emulated 2:1 -> [40, 20]
+
+
+def test_equal_split_makes_the_fast_replica_wait(tmp_path):
+    history = tmp_path / "h.json"
+    r = launch(2, ["--balance", "none", "--emulate_speeds", "1,0.5", "--global_batch_size", 64,
+                   "--synthetic_samples", 1280, "--num_epochs", 2, "--history_file", history])
+    assert printed_split(r.stdout) == [32, 32]
+    last = json.loads(history.read_text())[-1]
+    assert last["rank0_b"] == last["rank1_b"] == 32
+    # rank 1 computes about twice as long as rank 0, which waits in the allreduce for the difference
+    assert last["rank1_compute_s"] > 1.5 * last["rank0_compute_s"], last
+    assert last["rank0_wait_s"] > 3 * last["rank1_wait_s"], last
+    assert last["rank0_wait_s"] > 0.3 * last["rank0_compute_s"], last
+
+
+def test_non_blocking_reduction_gives_the_blocking_weights(tmp_path):
+    # simplemlp in float64 is ~5.3 MB of gradients: several 1 MiB buckets, started during backward
+    common = ["--model", "simplemlp", "--dtype", "float64", "--balance", "static", "--replica_speeds", "1,2,3",
+              "--emulate_speeds", "1,0.5,0.75", "--global_batch_size", 60, "--synthetic_samples", 240,
+              "--num_epochs", 2]
+    blocking, overlapped = tmp_path / "blocking.npz", tmp_path / "non_blocking.npz"
+    r = launch(3, [*common, "--non_blocking_mpi", "false", "--save_weights_and_bias_filename", blocking])
+    assert printed_split(r.stdout) == [10, 20, 30]
+    launch(3, [*common, "--non_blocking_mpi", "true", "--save_weights_and_bias_filename", overlapped])
+    a, b = np.load(blocking), np.load(overlapped)
+    assert sorted(a.files) == sorted(b.files) and len(a.files) >= 6
+    for k in a.files:
+        assert a[k].dtype == np.float64 and a[k].shape == b[k].shape, k
+        diff = np.max(np.abs(a[k] - b[k])) / max(np.max(np.abs(a[k])), 1e-300)
+        assert diff < 1e-10, (k, diff)
+
+
+def test_tracing_writes_a_chrome_trace_with_one_pid_per_rank(tmp_path):
+    trace = tmp_path / "trace.json"
+    steps = 4
+    launch(2, ["--balance", "static", "--replica_speeds", "2,1", "--emulate_speeds", "1,0.5",
+               "--global_batch_size", 30, "--synthetic_samples", 30 * steps, "--num_epochs", 1,
+               "--tracing", "true", "--tracer_output", trace])
+    doc = json.loads(trace.read_text())
+    events = doc["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {0, 1}
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {"rank 0", "rank 1"}
+    for pid in (0, 1):
+        mine = [e for e in spans if e["pid"] == pid]
+        compute = [e for e in mine if e["name"] == "compute"]
+        reduce_ = [e for e in mine if e["name"] == "allreduce"]
+        assert len(compute) == steps and len(reduce_) == steps, (pid, sorted({e["name"] for e in mine}))
+        assert all(e["dur"] > 0 and e["ts"] >= 0 for e in compute + reduce_)
+        # within a step the reduction follows the compute
+        for c, w in zip(sorted(compute, key=lambda e: e["ts"]), sorted(reduce_, key=lambda e: e["ts"])):
+            assert w["ts"] >= c["ts"] + c["dur"] - 1.0          # microseconds; 1 us of rounding
+    # the slow replica (emulated half speed) spends longer in compute than the fast one per sample
+    per_sample = [sum(e["dur"] for e in spans if e["pid"] == pid and e["name"] == "compute") / b
+                  for pid, b in ((0, 20), (1, 10))]
+    assert per_sample[1] > 1.3 * per_sample[0], per_sample
