@@ -6,8 +6,9 @@ same run and the ratio ours/torch is printed (< 1: we are faster).
 
     python scripts/bench_conv_kernels.py [--threads 2] [--batch 64] [--repeat 15] [--dtype float32]
 
-Times are the minimum over `--repeat` runs after warm-up (the median is printed too): on a shared
-machine the minimum is the most stable estimate of what the kernel costs.
+Times are the minimum over `--repeat` runs after warm-up (the median is printed too); ours and torch's
+calls alternate, so both see the same machine conditions. On a shared machine the minimum is the most
+stable estimate of what a kernel costs.
 """
 from __future__ import annotations
 
@@ -24,15 +25,27 @@ from pydtnn.backends import ConvSpec, PoolSpec  # noqa: E402
 from pydtnn.backends.cpu import CPUBackend  # noqa: E402
 
 
-def timeit(fn, repeat):
-    fn()
-    fn()
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return min(ts) * 1e3, float(np.median(ts)) * 1e3
+def timeit(fn, repeat, peer=None, block=5):
+    """(min, median) ms of fn, and of peer when given. The two alternate in blocks of `block` calls, so
+    that both see the same machine conditions (this matters on a shared machine), while each block
+    starts with a call that absorbs the switch between thread pools (torch's OpenMP threads spin)."""
+    fns = [fn] if peer is None else [fn, peer]
+    ts = [[] for _ in fns]
+    for _ in range(max(1, repeat // block)):
+        for f, tl in zip(fns, ts):
+            f()
+            for _ in range(block):
+                t0 = time.perf_counter()
+                f()
+                tl.append(time.perf_counter() - t0)
+    res = [(min(tl) * 1e3, float(np.median(tl)) * 1e3) for tl in ts]
+    return res if peer is not None else res[0]
+
+
+def timeboth(ours, theirs, repeat):
+    if theirs is None:
+        return timeit(ours, repeat), None
+    return tuple(timeit(ours, repeat, theirs))
 
 
 def conv_cases(n):
@@ -70,6 +83,9 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--only", default="", help="run only the cases whose label contains this text")
+    ap.add_argument("--fold", choices=("yes", "no"), default="no",
+                    help="convolution packing: im2col blocks (yes) or row-tap (no, the default)")
     args = ap.parse_args(argv)
 
     from threadpoolctl import threadpool_limits
@@ -84,6 +100,7 @@ def main(argv=None):
 
     be = CPUBackend(args.dtype)
     be.num_threads = args.threads
+    be._force_fold = args.fold == "yes"
     rng = np.random.default_rng(0)
     rep = args.repeat
     tot = {"ours": 0.0, "torch": 0.0}
@@ -100,14 +117,16 @@ def main(argv=None):
           f"torch={'%s' % torch.__version__ if torch else 'not available'}")
     print(f"{'case':28s} {'op':9s} {'ours min':>8} {'med':>8} {'torch min':>8} {'med':>8} {'ratio':>6}")
     for (label, n, c, h, w, k, ks, s, p, g) in conv_cases(args.batch):
+        if args.only not in label:
+            continue
         spec = ConvSpec(c, k, (ks, ks), (s, s), (p, p), (1, 1), g)
         x = be.asarray(rng.standard_normal((n, h, w, c)))
         wt = be.asarray(rng.standard_normal((k, c // g, ks, ks)) * 0.1)
         y, ctx = be.conv2d_forward(x, wt, None, spec)
         dy = be.asarray(rng.standard_normal(y.shape))
-        ours = [timeit(lambda: be.conv2d_forward(x, wt, None, spec), rep),
-                timeit(lambda: be.conv2d_backward_data(dy, wt, ctx, spec), rep),
-                timeit(lambda: be.conv2d_backward_weights(dy, ctx, spec, False), rep)]
+        ours = [lambda: be.conv2d_forward(x, wt, None, spec),
+                lambda: be.conv2d_backward_data(dy, wt, ctx, spec),
+                lambda: be.conv2d_backward_weights(dy, ctx, spec, False)]
         theirs = [None] * 3
         if torch is not None:
             tx = torch.from_numpy(be.to_user(x).copy())
@@ -115,21 +134,20 @@ def main(argv=None):
             tdy = torch.from_numpy(be.to_user(dy).copy())
             cb = torch.ops.aten.convolution_backward
             conv = torch.nn.functional.conv2d
-            with torch.no_grad():
-                theirs = [timeit(lambda: conv(tx, tw, None, s, p, 1, g), rep),
-                          timeit(lambda: cb(tdy, tx, tw, None, [s, s], [p, p], [1, 1], False, [0, 0], g,
-                                            [True, False, False]), rep),
-                          timeit(lambda: cb(tdy, tx, tw, None, [s, s], [p, p], [1, 1], False, [0, 0], g,
-                                            [False, True, False]), rep)]
+            theirs = [lambda: conv(tx, tw, None, s, p, 1, g),
+                      lambda: cb(tdy, tx, tw, None, [s, s], [p, p], [1, 1], False, [0, 0], g, [True, False, False]),
+                      lambda: cb(tdy, tx, tw, None, [s, s], [p, p], [1, 1], False, [0, 0], g, [False, True, False])]
         for op, o, t in zip(("fwd", "bwd-data", "bwd-w"), ours, theirs):
-            row(label, op, o, t)
+            row(label, op, *timeboth(o, t, rep))
 
     for (label, n, c, h, w, kind, ks, s, p) in pool_cases(args.batch):
+        if args.only not in label:
+            continue
         spec = PoolSpec(kind, (ks, ks), (s, s), (p, p))
         x = be.asarray(rng.standard_normal((n, h, w, c)))
         y, ctx = be.pool2d_forward(x, spec)
         dy = be.asarray(rng.standard_normal(y.shape))
-        ours = [timeit(lambda: be.pool2d_forward(x, spec), rep), timeit(lambda: be.pool2d_backward(dy, ctx, spec), rep)]
+        ours = [lambda: be.pool2d_forward(x, spec), lambda: be.pool2d_backward(dy, ctx, spec)]
         theirs = [None, None]
         if torch is not None:
             tx = torch.from_numpy(be.to_user(x).copy()).requires_grad_(True)
@@ -137,19 +155,19 @@ def main(argv=None):
             f = (lambda: F.max_pool2d(tx, ks, s, p)) if kind == "max" else (lambda: F.avg_pool2d(tx, ks, s, p))
             ty = f()
             tdy = torch.from_numpy(be.to_user(dy).copy())
-            theirs = [timeit(lambda: f().detach(), rep),
-                      timeit(lambda: torch.autograd.grad(ty, tx, tdy, retain_graph=True), rep)]
+            theirs = [lambda: f().detach(), lambda: torch.autograd.grad(ty, tx, tdy, retain_graph=True)]
         for op, o, t in zip(("fwd", "bwd"), ours, theirs):
-            row(label, op, o, t)
+            row(label, op, *timeboth(o, t, rep))
 
     for (n, c, h, w) in [(args.batch, 16, 32, 32), (args.batch, 64, 8, 8)]:
         label = f"batchnorm {c}ch {h}x{w}"
+        if args.only not in label:
+            continue
         x = be.asarray(rng.standard_normal((n, h, w, c)))
         gamma, beta = be.asarray(np.ones(c)), be.asarray(np.zeros(c))
         y, _, _, ctx = be.batchnorm_forward_train(x, gamma, beta, 1e-5)
         dy = be.asarray(rng.standard_normal(y.shape))
-        ours = [timeit(lambda: be.batchnorm_forward_train(x, gamma, beta, 1e-5), rep),
-                timeit(lambda: be.batchnorm_backward(dy, ctx), rep)]
+        ours = [lambda: be.batchnorm_forward_train(x, gamma, beta, 1e-5), lambda: be.batchnorm_backward(dy, ctx)]
         theirs = [None, None]
         if torch is not None:
             tx = torch.from_numpy(be.to_user(x).copy()).requires_grad_(True)
@@ -159,10 +177,10 @@ def main(argv=None):
             F = torch.nn.functional
             ty = F.batch_norm(tx, rm, rv, tg, tb, True, 0.1, 1e-5)
             tdy = torch.from_numpy(be.to_user(dy).copy())
-            theirs = [timeit(lambda: F.batch_norm(tx, rm, rv, tg, tb, True, 0.1, 1e-5).detach(), rep),
-                      timeit(lambda: torch.autograd.grad(ty, (tx, tg, tb), tdy, retain_graph=True), rep)]
+            theirs = [lambda: F.batch_norm(tx, rm, rv, tg, tb, True, 0.1, 1e-5).detach(),
+                      lambda: torch.autograd.grad(ty, (tx, tg, tb), tdy, retain_graph=True)]
         for op, o, t in zip(("train-fwd", "bwd"), ours, theirs):
-            row(label, op, o, t)
+            row(label, op, *timeboth(o, t, rep))
 
     if torch is not None:
         print(f"{'sum of min times (ms)':28s} {'':9s} {tot['ours']:8.2f} {'':8s} {tot['torch']:8.2f} {'':8s} "

@@ -106,12 +106,18 @@ def some_indices(size, rng, k=24):
 
 @pytest.fixture(scope="module")
 def be64():
-    return CPUBackend("float64", seed=0)
+    be = CPUBackend("float64", seed=0)
+    be.num_threads = 2
+    be._parallel_min = 0          # the small test arrays still go through the multi-threaded paths
+    return be
 
 
 @pytest.fixture(scope="module")
 def be32():
-    return CPUBackend("float32", seed=0)
+    be = CPUBackend("float32", seed=0)
+    be.num_threads = 2
+    be._parallel_min = 0
+    return be
 
 
 # --- backend object --------------------------------------------------------------------------------
@@ -147,7 +153,7 @@ def test_backend_basics():
 
 # (N, C, H, W, K, kernel, stride, padding, dilation, groups, bias)
 CONV_CASES = [
-    (2, 3, 7, 9, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1, True),        # odd, non-square (folded taps)
+    (2, 3, 7, 9, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1, True),        # odd, non-square
     (2, 4, 8, 8, 6, (3, 3), (2, 2), (1, 1), (1, 1), 1, True),        # stride 2
     (1, 5, 9, 7, 3, (3, 3), (1, 1), (0, 0), (1, 1), 1, False),       # padding 0, batch 1
     (2, 3, 6, 7, 5, (3, 3), (1, 1), (2, 2), (1, 1), 1, True),        # padding 2
@@ -156,10 +162,10 @@ CONV_CASES = [
     (2, 6, 8, 7, 4, (1, 1), (2, 2), (0, 0), (1, 1), 1, False),       # 1x1 stride 2
     (2, 5, 10, 11, 6, (5, 3), (2, 1), (2, 1), (1, 2), 1, True),      # mixed, rectangular kernel
     (1, 3, 5, 5, 2, (3, 3), (1, 1), (3, 3), (1, 1), 1, True),        # padding > kernel - 1
-    (2, 24, 9, 8, 5, (3, 3), (1, 1), (1, 1), (1, 1), 1, True),       # row-tap GEMMs (kw*C >= 64)
-    (1, 24, 12, 11, 8, (3, 3), (2, 2), (1, 1), (1, 1), 1, False),    # row-tap, stride 2 (phases)
-    (2, 24, 11, 9, 5, (3, 3), (2, 2), (2, 2), (2, 2), 1, True),      # row-tap, stride 2, dilation 2
-    (2, 22, 9, 9, 3, (5, 5), (3, 3), (1, 2), (1, 1), 1, True),       # row-tap, 5x5 stride 3
+    (2, 24, 9, 8, 5, (3, 3), (1, 1), (1, 1), (1, 1), 1, True),       # more channels
+    (1, 24, 12, 11, 8, (3, 3), (2, 2), (1, 1), (1, 1), 1, False),    # stride 2 (row-tap phases)
+    (2, 24, 11, 9, 5, (3, 3), (2, 2), (2, 2), (2, 2), 1, True),      # stride 2, dilation 2
+    (2, 22, 9, 9, 3, (5, 5), (3, 3), (1, 2), (1, 1), 1, True),       # 5x5 stride 3
     (2, 24, 26, 25, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1, True),     # several row blocks per image
     (2, 8, 24, 23, 4, (3, 3), (2, 2), (1, 1), (1, 1), 1, True),      # several row blocks, scattered dx
     (2, 8, 7, 7, 8, (3, 3), (1, 1), (1, 1), (1, 1), 8, True),        # depthwise
@@ -232,24 +238,30 @@ def test_conv_float32_matches_float64(case, be32, be64):
     assert rel_err(dx32, dx64) < 2e-6 and rel_err(dw32, dw64) < 1e-5 and rel_err(db32, db64) < 1e-5
 
 
-@pytest.mark.parametrize("case", [CONV_CASES[i] for i in (0, 1, 7, 9, 11)], ids=lambda c: str(c[:10]))
-def test_conv_numpy_fallback_and_thread_counts(case):
-    """The plain-NumPy fallback (no BLAS callable from numba) and a 1-thread run agree with the reference."""
+@pytest.mark.parametrize("case", [CONV_CASES[i] for i in (0, 1, 4, 7, 9, 11, 13, 14)], ids=lambda c: str(c[:10]))
+def test_conv_other_paths_agree(case):
+    """The plain-NumPy fallback (no BLAS callable from numba), the im2col ("fold") packing, 1 thread and
+    3 threads all agree with the reference and with the default path."""
     spec, x, w, b, rng = _conv_setup(case, seed=3)
     ref = ref_conv(x, w, b, spec.stride, spec.padding, spec.dilation, spec.groups)
     fb = CPUBackend("float64")
     fb.use_blas_kernels = False
+    fold = CPUBackend("float64")
+    fold._force_fold = True
     one = CPUBackend("float64")
     one.num_threads = 1
+    three = CPUBackend("float64")
+    three.num_threads = 3
+    three._parallel_min = 0
     full = CPUBackend("float64")
     r = rng.standard_normal(full.internal_shape(ref.shape[0], ref.shape[1:]))
     results = []
-    for be in (fb, one, full):
+    for be in (fb, fold, one, three, full):
         y, ctx = be.conv2d_forward(be.to_internal(x), w, b, spec)
         assert rel_err(be.to_user(y), ref) < 1e-12
         results.append((be.conv2d_backward_data(r, w, ctx, spec), *be.conv2d_backward_weights(r, ctx, spec, True)))
-    for got in results[:2]:
-        for a, e in zip(got, results[2]):
+    for got in results[:-1]:
+        for a, e in zip(got, results[-1]):
             assert rel_err(a, e) < 1e-12
 
 

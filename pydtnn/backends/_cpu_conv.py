@@ -25,74 +25,84 @@ compiled signature per dtype. `fp` is the address of cblas_?gemm (see `_cpu_blas
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, uint64
 
 from pydtnn.backends._cpu_blas import NO_TRANS, TRANS, addr, gemm
 
 _NJ = dict(cache=True, fastmath=True, boundscheck=False, nogil=True)
 
 
-# Performance note: inner loops index 0-based slice views with their loop variable. Indexing a flat
-# array with a computed (signed) offset makes numba emit negative-index wraparound code that blocks
-# vectorization (measured 8-10x slower copies).
+# Performance note: hot inner loops index flat arrays with UNSIGNED (uint64) offsets. With a computed
+# signed index numba emits negative-index wraparound code that blocks vectorization (measured 2-10x
+# slower). Mixing uint64 and int64 in numba arithmetic gives float64, so offsets are converted whole.
+
+@njit(**_NJ)
+def _copy(dst, d0, src, s0, n):
+    du = uint64(d0)
+    su = uint64(s0)
+    for q in range(uint64(n)):
+        dst[du + q] = src[su + q]
+
+
+@njit(**_NJ)
+def _zero(dst, d0, n):
+    du = uint64(d0)
+    for q in range(uint64(n)):
+        dst[du + q] = 0
+
 
 @njit(**_NJ)
 def _pack_row(xf, n, h, H, W, C, Wo, kw, sw, dw, pw, dst, d0, dstride):
     """dst[d0 + wo*dstride + j*C + c] = x[n, h, wo*sw + j*dw - pw, c], zero outside the image."""
     L = kw * C
+    Lu = uint64(L)
+    Cu = uint64(C)
     if h < 0 or h >= H:
         for wo in range(Wo):
-            d = dst[d0 + wo * dstride:d0 + wo * dstride + L]
-            for q in range(L):
-                d[q] = 0
+            _zero(dst, d0 + wo * dstride, L)
         return
     row = (n * H + h) * W * C
-    xr = xf[row:row + W * C]
+    lo = 0
+    hi = 0
     if dw == 1 and sw == 1:
         # interior output columns: the kw*C values are contiguous in the input row
         lo = min(pw, Wo)               # first wo with wo - pw >= 0
-        hi = min(W - kw + 1 + pw, Wo)  # wo < hi  <=>  wo - pw + kw - 1 <= W - 1
-        if hi < lo:
-            hi = lo
+        hi = max(lo, min(W - kw + 1 + pw, Wo))  # wo < hi  <=>  wo - pw + kw - 1 <= W - 1
         for wo in range(lo, hi):
-            d = dst[d0 + wo * dstride:d0 + wo * dstride + L]
-            sx = xr[(wo - pw) * C:(wo - pw) * C + L]
-            for q in range(L):
-                d[q] = sx[q]
-        for wo in range(0, lo):
-            _pack_px(xr, W, C, kw, sw, dw, pw, wo, dst[d0 + wo * dstride:d0 + wo * dstride + L])
-        for wo in range(hi, Wo):
-            _pack_px(xr, W, C, kw, sw, dw, pw, wo, dst[d0 + wo * dstride:d0 + wo * dstride + L])
-    else:
-        for wo in range(Wo):
-            _pack_px(xr, W, C, kw, sw, dw, pw, wo, dst[d0 + wo * dstride:d0 + wo * dstride + L])
+            du = uint64(d0 + wo * dstride)
+            su = uint64(row + (wo - pw) * C)
+            for q in range(Lu):
+                dst[du + q] = xf[su + q]
+    for wo in range(Wo):
+        if lo <= wo < hi:
+            continue
+        base = d0 + wo * dstride
+        for j in range(kw):
+            wi = wo * sw + j * dw - pw
+            du = uint64(base + j * C)
+            if wi < 0 or wi >= W:
+                for c in range(Cu):
+                    dst[du + c] = 0
+            else:
+                su = uint64(row + wi * C)
+                for c in range(Cu):
+                    dst[du + c] = xf[su + c]
 
 
 @njit(**_NJ)
-def _pack_px(xr, W, C, kw, sw, dw, pw, wo, d):
-    """d[j*C + c] = xr[(wo*sw + j*dw - pw)*C + c] (one packed pixel of one input row xr)."""
-    for j in range(kw):
-        wi = wo * sw + j * dw - pw
-        dj = d[j * C:(j + 1) * C]
-        if wi < 0 or wi >= W:
-            for c in range(C):
-                dj[c] = 0
-        else:
-            sx = xr[wi * C:(wi + 1) * C]
-            for c in range(C):
-                dj[c] = sx[c]
-
-
-@njit(**_NJ)
-def _pack_block(xf, n, a, e, H, W, C, Wo, kh, kw, sh, sw, ph, pw, dh, dw, fold, nph, qext, buf):
-    """Pack the input rows that output rows [a, e) of image n need (layout: see module doc)."""
+def _pack_block(xf, n, a, e, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw, fold, nph, qext, buf):
+    """Pack the input rows that output rows [a, e) of image n need (layout: see module doc); with `fold`,
+    [a, e) are rows of the flattened (image, output row) index and n is unused."""
     L = kw * C
     if fold:
+        # rows [a, e) of the flattened (image, output row) index: blocks may span images
         KK = kh * L
-        for ho in range(a, e):
+        for nh in range(a, e):
+            nn = nh // Ho
+            ho = nh - nn * Ho
             for i in range(kh):
-                _pack_row(xf, n, ho * sh + i * dh - ph, H, W, C, Wo, kw, sw, dw, pw,
-                          buf, (ho - a) * Wo * KK + i * L, KK)
+                _pack_row(xf, nn, ho * sh + i * dh - ph, H, W, C, Wo, kw, sw, dw, pw,
+                          buf, (nh - a) * Wo * KK + i * L, KK)
     else:
         R = e - a + qext
         for r in range(nph):
@@ -112,20 +122,29 @@ def conv_fwd(t, nt, fp, xf, wt, bias, yf, N, H, W, C, K, Ho, Wo, kh, kw, sh, sw,
     qext = ((kh - 1) * dh) // sh
     nblk = (Ho + rb - 1) // rb
     items = N * nblk
+    if fold:                                   # blocks of rb rows over the flattened (n, ho) index
+        nblk = (N * Ho + rb - 1) // rb
+        items = nblk
     per = (items + nt - 1) // nt
     has_bias = bias.size > 0
     buf = np.empty(bufsize, xf.dtype)
     for it in range(t * per, min(items, (t + 1) * per)):
-        n = it // nblk
-        a = (it - n * nblk) * rb
-        e = min(Ho, a + rb)
+        if fold:
+            n = 0
+            a = it * rb
+            e = min(N * Ho, a + rb)
+            yoff = a * Wo * K
+        else:
+            n = it // nblk
+            a = (it - n * nblk) * rb
+            e = min(Ho, a + rb)
+            yoff = (n * Ho + a) * Wo * K
         M = (e - a) * Wo
-        yoff = (n * Ho + a) * Wo * K
         if direct:
             gemm(fp, NO_TRANS, NO_TRANS, M, K, C, one, addr(xf, (n * H + a) * W * C), C,
                  addr(wt, 0), K, zero, addr(yf, yoff), K)
         else:
-            _pack_block(xf, n, a, e, H, W, C, Wo, kh, kw, sh, sw, ph, pw, dh, dw, fold, nph, qext, buf)
+            _pack_block(xf, n, a, e, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw, fold, nph, qext, buf)
             if fold:
                 gemm(fp, NO_TRANS, NO_TRANS, M, K, kh * L, one, addr(buf, 0), kh * L,
                      addr(wt, 0), K, zero, addr(yf, yoff), K)
@@ -154,20 +173,30 @@ def conv_bwd_w(t, nt, fp, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, kh, kw, sh
     qext = ((kh - 1) * dh) // sh
     nblk = (Ho + rb - 1) // rb
     items = N * nblk
+    if fold:                                   # blocks of rb rows over the flattened (n, ho) index
+        nblk = (N * Ho + rb - 1) // rb
+        items = nblk
     per = (items + nt - 1) // nt
     KK = kh * L
     buf = np.empty(bufsize, xf.dtype)
+    dbt = np.zeros(K, xf.dtype)                # thread-private (no false sharing)
     for it in range(t * per, min(items, (t + 1) * per)):
-        n = it // nblk
-        a = (it - n * nblk) * rb
-        e = min(Ho, a + rb)
+        if fold:
+            n = 0
+            a = it * rb
+            e = min(N * Ho, a + rb)
+            yoff = a * Wo * K
+        else:
+            n = it // nblk
+            a = (it - n * nblk) * rb
+            e = min(Ho, a + rb)
+            yoff = (n * Ho + a) * Wo * K
         M = (e - a) * Wo
-        yoff = (n * Ho + a) * Wo * K
         if direct:
             gemm(fp, TRANS, NO_TRANS, C, K, M, one, addr(xf, (n * H + a) * W * C), C,
                  addr(dyf, yoff), K, one, addr(acc, t * KK * K), K)
         else:
-            _pack_block(xf, n, a, e, H, W, C, Wo, kh, kw, sh, sw, ph, pw, dh, dw, fold, nph, qext, buf)
+            _pack_block(xf, n, a, e, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw, fold, nph, qext, buf)
             if fold:
                 gemm(fp, TRANS, NO_TRANS, KK, K, M, one, addr(buf, 0), KK,
                      addr(dyf, yoff), K, one, addr(acc, t * KK * K), K)
@@ -179,12 +208,12 @@ def conv_bwd_w(t, nt, fp, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, kh, kw, sh
                     gemm(fp, TRANS, NO_TRANS, L, K, M, one, addr(buf, (r * R + o) * Wo * L), L,
                          addr(dyf, yoff), K, one, addr(acc, t * KK * K + i * L * K), K)
         if with_bias:
-            dbt = dbacc[t]
             yb = dyf[yoff:yoff + M * K]
             for p in range(M):
                 yp = yb[p * K:(p + 1) * K]
                 for k in range(K):
                     dbt[k] += yp[k]
+    dbacc[t, :] = dbt
 
 
 @njit(**_NJ)
@@ -198,9 +227,7 @@ def conv_bwd_data_scatter(t, nt, fp, dyf, wt, dxf, N, H, W, C, K, Ho, Wo, kh, kw
     dcol = np.empty(rb * Wo * KK, dyf.dtype)
     for n in range(t * per, min(N, (t + 1) * per)):
         base_n = n * H * W * C
-        dxn = dxf[base_n:base_n + H * W * C]
-        for q in range(H * W * C):
-            dxn[q] = 0
+        _zero(dxf, base_n, H * W * C)
         for a in range(0, Ho, rb):
             e = min(Ho, a + rb)
             M = (e - a) * Wo
@@ -217,10 +244,10 @@ def conv_bwd_data_scatter(t, nt, fp, dyf, wt, dxf, N, H, W, C, K, Ho, Wo, kh, kw
                             wi = wo * sw - pw + j * dw
                             if wi < 0 or wi >= W:
                                 continue
-                            d = dxn[(h * W + wi) * C:(h * W + wi + 1) * C]
-                            sc = dcol[src + j * C:src + (j + 1) * C]
-                            for c in range(C):
-                                d[c] += sc[c]
+                            du = uint64(base_n + (h * W + wi) * C)
+                            su = uint64(src + j * C)
+                            for c in range(uint64(C)):
+                                dxf[du + c] += dcol[su + c]
 
 
 # --- depthwise --------------------------------------------------------------------------------------
@@ -248,89 +275,85 @@ def _wo_range(Wo, W, sw, pw, j, dw):
 def dw_fwd(t, nt, xf, wt, bias, yf, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw):
     """Depthwise: y[n,ho,wo,c] = sum_ij x[n, ho*sh+i*dh-ph, wo*sw+j*dw-pw, c] * wt[i,j,c] + b[c]."""
     has_bias = bias.size > 0
+    Cu = uint64(C)
     rows = N * Ho
     per = (rows + nt - 1) // nt
     for nh in range(t * per, min(rows, (t + 1) * per)):
         n = nh // Ho
         ho = nh - n * Ho
-        yr = yf[nh * Wo * C:(nh + 1) * Wo * C]
-        if has_bias:
-            for wo in range(Wo):
-                yp = yr[wo * C:(wo + 1) * C]
-                for c in range(C):
-                    yp[c] = bias[c]
-        else:
-            for q in range(Wo * C):
-                yr[q] = 0
+        yb = nh * Wo * C
+        for wo in range(Wo):
+            ys = uint64(yb + wo * C)
+            for c in range(Cu):
+                yf[ys + c] = bias[c] if has_bias else 0
         for i in range(kh):
             h = ho * sh + i * dh - ph
             if h < 0 or h >= H:
                 continue
-            xr = xf[(n * H + h) * W * C:(n * H + h + 1) * W * C]
+            xb = (n * H + h) * W * C
             for j in range(kw):
                 lo, hi = _wo_range(Wo, W, sw, pw, j, dw)
-                wv = wt[(i * kw + j) * C:(i * kw + j + 1) * C]
+                wb = uint64((i * kw + j) * C)
                 for wo in range(lo, hi):
-                    xs = (wo * sw + j * dw - pw) * C
-                    xp = xr[xs:xs + C]
-                    yp = yr[wo * C:(wo + 1) * C]
-                    for c in range(C):
-                        yp[c] += xp[c] * wv[c]
+                    xs = uint64(xb + (wo * sw + j * dw - pw) * C)
+                    ys = uint64(yb + wo * C)
+                    for c in range(Cu):
+                        yf[ys + c] += xf[xs + c] * wt[wb + c]
 
 
 @njit(**_NJ)
 def dw_bwd_data(t, nt, dyf, wt, dxf, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw):
     """Depthwise backward data, scattered per image (an image belongs to one thread)."""
+    Cu = uint64(C)
     per = (N + nt - 1) // nt
     for n in range(t * per, min(N, (t + 1) * per)):
-        dxn = dxf[n * H * W * C:(n + 1) * H * W * C]
-        for q in range(H * W * C):
-            dxn[q] = 0
+        _zero(dxf, n * H * W * C, H * W * C)
         for ho in range(Ho):
-            yr = dyf[(n * Ho + ho) * Wo * C:(n * Ho + ho + 1) * Wo * C]
+            yb = (n * Ho + ho) * Wo * C
             for i in range(kh):
                 h = ho * sh + i * dh - ph
                 if h < 0 or h >= H:
                     continue
-                xr = dxn[h * W * C:(h + 1) * W * C]
+                xb = (n * H + h) * W * C
                 for j in range(kw):
                     lo, hi = _wo_range(Wo, W, sw, pw, j, dw)
-                    wv = wt[(i * kw + j) * C:(i * kw + j + 1) * C]
+                    wb = uint64((i * kw + j) * C)
                     for wo in range(lo, hi):
-                        xs = (wo * sw + j * dw - pw) * C
-                        xp = xr[xs:xs + C]
-                        yp = yr[wo * C:(wo + 1) * C]
-                        for c in range(C):
-                            xp[c] += yp[c] * wv[c]
+                        xs = uint64(xb + (wo * sw + j * dw - pw) * C)
+                        ys = uint64(yb + wo * C)
+                        for c in range(Cu):
+                            dxf[xs + c] += dyf[ys + c] * wt[wb + c]
 
 
 @njit(**_NJ)
 def dw_bwd_w(t, nt, xf, dyf, acc, dbacc, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw, with_bias):
     """Depthwise backward weights: acc[t] (kh, kw, C) and dbacc[t] (C,) partial sums of part t."""
+    at = np.zeros(kh * kw * C, acc.dtype)      # thread-private accumulators (no false sharing)
+    dbt = np.zeros(C, acc.dtype)
+    Cu = uint64(C)
     rows = N * Ho
     per = (rows + nt - 1) // nt
-    at = acc[t]
-    dbt = dbacc[t]
     for nh in range(t * per, min(rows, (t + 1) * per)):
         n = nh // Ho
         ho = nh - n * Ho
-        yr = dyf[nh * Wo * C:(nh + 1) * Wo * C]
+        yb = nh * Wo * C
         if with_bias:
             for wo in range(Wo):
-                yp = yr[wo * C:(wo + 1) * C]
-                for c in range(C):
-                    dbt[c] += yp[c]
+                ys = uint64(yb + wo * C)
+                for c in range(Cu):
+                    dbt[c] += dyf[ys + c]
         for i in range(kh):
             h = ho * sh + i * dh - ph
             if h < 0 or h >= H:
                 continue
-            xr = xf[(n * H + h) * W * C:(n * H + h + 1) * W * C]
+            xb = (n * H + h) * W * C
             for j in range(kw):
                 lo, hi = _wo_range(Wo, W, sw, pw, j, dw)
-                av = at[(i * kw + j) * C:(i * kw + j + 1) * C]
+                wb = uint64((i * kw + j) * C)
                 for wo in range(lo, hi):
-                    xs = (wo * sw + j * dw - pw) * C
-                    xp = xr[xs:xs + C]
-                    yp = yr[wo * C:(wo + 1) * C]
-                    for c in range(C):
-                        av[c] += xp[c] * yp[c]
+                    xs = uint64(xb + (wo * sw + j * dw - pw) * C)
+                    ys = uint64(yb + wo * C)
+                    for c in range(Cu):
+                        at[wb + c] += xf[xs + c] * dyf[ys + c]
+    acc[t, :] = at
+    dbacc[t, :] = dbt

@@ -29,10 +29,13 @@ from pydtnn.errors import ConfigError, ShapeError
 
 _DTYPES = {"float32": np.float32, "float64": np.float64}
 
-# Row blocks: aim for about this many output pixels per packed GEMM (the packed block stays in L2).
+# Row blocks: aim for about this many output pixels per packed GEMM (the packed block stays in L2), and
+# at most this many packed elements per block.
 _TARGET_ROWS = 512
-# Fold all kernel taps into one GEMM (im2col per block) when a kernel row's reduction kw*C is this small.
-_FOLD_BELOW = 16
+_BUF_ELEMS = 1 << 19
+# The im2col variant ("fold": all kernel taps in one GEMM per block) measured slower than row-tap on every
+# ResNet-20 and MNIST shape, even with 1 or 3 input channels, because packing dominates: it is used only
+# when forced (`_force_fold`, for tests and `scripts/bench_conv_kernels.py --fold yes`).
 # Below this many elements a kernel runs on the calling thread only (waking workers costs more).
 _PARALLEL_MIN = 16384
 _CPUS = os.cpu_count() or 1
@@ -59,6 +62,8 @@ class CPUBackend(Backend):
         self.rng = np.random.default_rng(seed)
         self.num_threads: int | None = None      # None: follow OpenBLAS's thread count
         self.use_blas_kernels = blas.GEMM_OK     # False: NumPy fallback for convolutions (also for tests)
+        self._force_fold = False                 # tests/benchmarks: force the im2col packing
+        self._parallel_min = _PARALLEL_MIN       # tests: 0 runs even tiny kernels on several threads
 
     # --- arrays -------------------------------------------------------------------------------------
     def asarray(self, a):
@@ -88,7 +93,7 @@ class CPUBackend(Backend):
 
     def _nt(self, work: int = _PARALLEL_MIN) -> int:
         """Threads for a kernel over `work` elements: `num_threads`, else OpenBLAS's thread count."""
-        if work < _PARALLEL_MIN:
+        if work < self._parallel_min:
             return 1
         n = self.num_threads or blas.blas_threads() or _CPUS
         return max(1, min(int(n), 4 * _CPUS))
@@ -107,16 +112,18 @@ class CPUBackend(Backend):
 
     # --- convolution --------------------------------------------------------------------------------
     def _conv_plan(self, spec: ConvSpec, n, h, w, c, k, ho, wo):
-        """(rb, fold, direct, bufsize) of the fused kernel for this geometry."""
+        """(rb, fold, direct, bufsize, nt) of the fused kernel for this geometry."""
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = spec.kernel, spec.stride, spec.padding, spec.dilation
         direct = kh == 1 and kw == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
-        fold = (kw * c < _FOLD_BELOW) and not direct
-        rb = max(1, min(ho, -(-_TARGET_ROWS // wo)))
+        fold = bool(self._force_fold) and not direct
         nt = self._nt(n * max(h * w * c, ho * wo * k))
-        # keep enough items to feed every thread
-        while rb > 1 and n * (-(-ho // rb)) < 2 * nt:
-            rb = -(-rb // 2)
+        rows = n * ho if fold else ho          # fold blocks run over (image, row); row-tap blocks within an image
         L = kw * c
+        per_row = wo * (kh * L if fold else min(sh, (kh - 1) * dh + 1) * L)   # packed elements per output row
+        rb = max(1, min(rows, -(-_TARGET_ROWS // wo), _BUF_ELEMS // per_row))
+        # keep enough items to feed every thread
+        while rb > 1 and (1 if fold else n) * (-(-rows // rb)) < 2 * nt:
+            rb = -(-rb // 2)
         if direct:
             bufsize = 1
         elif fold:
@@ -196,7 +203,7 @@ class CPUBackend(Backend):
             self._conv_fwd_core(dy, wt, np.empty(0, self.dtype), dx, tspec, n, ho, wo, k, c, h, wd)
             return dx
         wt = self._c(w.transpose(2, 3, 1, 0)).reshape(-1)                    # (kh, kw, C, K)
-        rb = max(1, min(ho, -(-_TARGET_ROWS // wo)))
+        rb = max(1, min(ho, -(-_TARGET_ROWS // wo), _BUF_ELEMS // (wo * kh * kw * c)))
         with blas.blas_single_thread():
             POOL.run(kc.conv_bwd_data_scatter, self._nt(dx.size), blas.gemm_ptr(self.dtype), dy.reshape(-1), wt,
                      dx.reshape(-1), n, h, wd, c, k, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw, rb)

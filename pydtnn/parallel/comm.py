@@ -292,7 +292,10 @@ class MPIComm(Communicator):
 
 
 def _make_nccl(**kwargs):
-    raise ConfigError("NCCL communicator needs the GPU backend (cupy.cuda.nccl); it is not available yet")
+    # Imported here: a CPU-only install never imports CuPy. NCCLComm raises a one-line ConfigError where
+    # CuPy, NCCL or a GPU is missing.
+    from pydtnn.parallel.nccl import NCCLComm
+    return NCCLComm(**kwargs)
 
 
 def _launched_by_mpi() -> bool:

@@ -1,0 +1,155 @@
+"""NCCLComm: the communicator interface over NCCL (`cupy.cuda.nccl`) for replicas that all run on GPUs.
+
+- CuPy buffers are reduced / broadcast by NCCL, in place, on CuPy's current stream (blocking calls return
+  once the collective is queued: later work on that stream, and any copy to the host, sees the result).
+- `iallreduce_sum_` runs on a side stream that first waits for the work queued so far, and returns a
+  request whose `wait()` synchronizes with it (so gradient buckets reduce while backward goes on).
+- Host values (NumPy arrays, numbers) and everything that is not a hot path (allgather, weighted_mean,
+  any_true, barrier, gather_object) go through an inner `MPIComm`.
+- Set-up: the device is chosen from the local rank and made current FIRST (`_gpu_device.use_device`), then
+  rank 0 creates the NCCL unique id and MPI broadcasts its 128 bytes, then every rank joins.
+
+NCCL allows one rank per GPU: replicas that share a GPU, or mix GPUs and CPUs, reduce through MPI.
+
+NOT RUN ON HARDWARE: written on a machine without a GPU; only the ConfigError path runs here.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from pydtnn.errors import ConfigError
+from pydtnn.parallel.comm import Communicator, MPIComm
+
+NCCL_HINT = "the NCCL communicator needs CuPy with NCCL (cupy.cuda.nccl) and an NVIDIA GPU: pip install '.[gpu]'"
+_UNIQUE_ID_BYTES = 128       # NCCL_UNIQUE_ID_BYTES
+
+
+class _NCCLRequest:
+    """An iallreduce in flight on the communicator's side stream."""
+
+    def __init__(self, event, array):
+        self.event, self.array = event, array       # the array stays alive until the reduction is done
+
+    def wait(self):
+        self.event.synchronize()
+        self.array = None
+
+    def test(self) -> bool:
+        return bool(self.event.done)
+
+
+class NCCLComm(Communicator):
+    kind = "nccl"
+
+    def __init__(self, mpi_comm=None, device=None):
+        from pydtnn.backends._gpu_device import GPU_HINT, use_device
+        try:
+            cupy, self.device = use_device(device)           # select the device before creating anything
+            from cupy.cuda import nccl
+        except ConfigError as e:
+            raise ConfigError(str(e).replace(GPU_HINT, NCCL_HINT)) from None
+        except ImportError as e:
+            raise ConfigError(f"{NCCL_HINT} ({' '.join(str(e).split())})") from None
+        self.cp, self.nccl = cupy, nccl
+        self.mpi = MPIComm(mpi_comm)
+        uid = np.zeros(_UNIQUE_ID_BYTES, dtype=np.int8)
+        if self.mpi.rank == 0:
+            uid[:] = np.asarray(nccl.get_unique_id(), dtype=np.int64).astype(np.int8)
+        self.mpi.comm.Bcast(uid, root=0)
+        self.comm = nccl.NcclCommunicator(self.mpi.size, tuple(int(v) for v in uid), self.mpi.rank)
+        self.side_stream = cupy.cuda.Stream(non_blocking=True)
+        self._types = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
+                       np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.int32): nccl.NCCL_INT32,
+                       np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint8): nccl.NCCL_UINT8,
+                       np.dtype(np.int8): nccl.NCCL_INT8}
+
+    @property
+    def rank(self) -> int:
+        return self.mpi.rank
+
+    @property
+    def size(self) -> int:
+        return self.mpi.size
+
+    # --- device buffers -----------------------------------------------------------------------------
+    def _on_device(self, array) -> bool:
+        return isinstance(array, self.cp.ndarray)
+
+    def _nccl_type(self, array):
+        try:
+            return self._types[array.dtype]
+        except KeyError:
+            raise TypeError(f"NCCL cannot reduce arrays of dtype {array.dtype}") from None
+
+    def _stream_ptr(self):
+        return self.cp.cuda.get_current_stream().ptr
+
+    def bcast_(self, array, root: int = 0):
+        if not 0 <= root < self.size:
+            raise ValueError(f"root {root} outside 0..{self.size - 1}")
+        if not self._on_device(array):
+            return self.mpi.bcast_(array, root=root)
+        buf = array if array.flags.c_contiguous else self.cp.ascontiguousarray(array)
+        if buf.size:
+            self.comm.bcast(buf.data.ptr, buf.size, self._nccl_type(buf), root, self._stream_ptr())
+        if buf is not array:
+            array[...] = buf
+        return array
+
+    def allreduce_sum_(self, array):
+        if not self._on_device(array):
+            return self.mpi.allreduce_sum_(array)
+        buf = array if array.flags.c_contiguous else self.cp.ascontiguousarray(array)
+        if buf.size:
+            self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self._nccl_type(buf), self.nccl.NCCL_SUM,
+                                self._stream_ptr())
+        if buf is not array:
+            array[...] = buf
+        return array
+
+    def iallreduce_sum_(self, array):
+        if not self._on_device(array):
+            return self.mpi.iallreduce_sum_(array)
+        if not array.flags.c_contiguous:
+            raise TypeError("iallreduce_sum_ needs a C-contiguous array (it is reduced in place)")
+        ready, done = self.cp.cuda.Event(disable_timing=True), self.cp.cuda.Event(disable_timing=True)
+        ready.record()                                   # everything queued so far on the current stream
+        self.side_stream.wait_event(ready)
+        if array.size:
+            self.comm.allReduce(array.data.ptr, array.data.ptr, array.size, self._nccl_type(array),
+                                self.nccl.NCCL_SUM, self.side_stream.ptr)
+        done.record(self.side_stream)
+        return _NCCLRequest(done, array)
+
+    def waitall(self, requests: Sequence) -> None:
+        for r in requests:
+            r.Wait() if hasattr(r, "Wait") else r.wait()
+
+    def testall(self, requests: Sequence) -> bool:
+        return all(bool(r.Test()) if hasattr(r, "Test") else r.test() for r in requests)
+
+    # --- host values: MPI ---------------------------------------------------------------------------
+    def allgather(self, value) -> np.ndarray:
+        return self.mpi.allgather(value)
+
+    def weighted_mean(self, values, weight: float):
+        return self.mpi.weighted_mean(values, weight)
+
+    def any_true(self, flag) -> bool:
+        return self.mpi.any_true(flag)
+
+    def barrier(self) -> None:
+        self.cp.cuda.get_current_stream().synchronize()
+        self.mpi.barrier()
+
+    def abort(self, code: int = 1):
+        try:
+            self.comm.abort()
+        except Exception:  # noqa: BLE001 - best effort before MPI_Abort
+            pass
+        self.mpi.abort(code)
+
+    def gather_object(self, obj, root: int = 0):
+        return self.mpi.gather_object(obj, root=root)
