@@ -178,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--enable_nccl", type=B, default=False, help="reduce GPU gradients with NCCL")
     g.add_argument("--enable_gpudirect", type=B, default=False, help="accepted for compatibility")
     g.add_argument("--enable_cudnn_auto_conv_alg", type=B, default=True, help="GPU: pick conv algorithms by measurement")
+    g.add_argument("--precision", default="fp32", choices=["fp32", "tf32"],
+                   help="GPU float32 math: fp32 (strict, no tensor-core TF32) or tf32 (faster, ~1e-3 relative error)")
 
     g = p.add_argument_group("tracing")
     g.add_argument("--tracing", type=B, default=False, help="record a per-replica timeline")
@@ -233,10 +235,12 @@ def run(p):
         if any(d != "gpu" for d in devices):
             raise ConfigError("--enable_nccl needs every replica on a GPU; mixed --devices reduce through MPI")
         comm = make_comm("nccl")
-    if p.non_blocking_mpi and backend == "gpu" and not p.enable_nccl:
-        raise ConfigError("--non_blocking_mpi overlaps MPI reductions of host buffers: use it with CPU replicas, "
-                          "or --enable_nccl for GPU ones")
-    model = Model(backend=backend, dtype=p.dtype, seed=p.seed)
+    if p.non_blocking_mpi and backend == "gpu":
+        raise ConfigError("--non_blocking_mpi overlaps reductions of host (CPU) gradient buffers; GPU replicas "
+                          "reduce in one call")
+    from pydtnn.backends import get_backend
+    options = {"precision": p.precision, "auto_conv_alg": p.enable_cudnn_auto_conv_alg} if backend == "gpu" else {}
+    model = Model(backend=get_backend(backend, p.dtype, p.seed, **options), seed=p.seed)
     model.backend.seed(p.seed * 1000003 + rank)          # dropout: an independent stream per replica
 
     synthetic = p.dataset_name == "synthetic" or p.use_synthetic_data
@@ -320,6 +324,9 @@ def run(p):
     if rank == 0:
         _print_params(p, P)
         print(model.summary())
+        if "gpu" in devices:
+            print(f"GPU float32 precision: {p.precision}" + (" (TF32 tensor cores)" if p.precision == "tf32"
+                                                              else " (strict, no TF32)"))
         if p.parallel == "data":
             print(f"global batch {B} split as {trainer.sizes} (balance {p.balance}, weighting {p.gradient_weighting})")
         if not has_val and p.lr_schedulers_names:

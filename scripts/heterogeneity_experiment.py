@@ -272,13 +272,13 @@ def main(argv=None):
     ap.add_argument("--out", default="out/heterogeneity", help="output folder (relative to the repository)")
     ap.add_argument("--quick", action="store_true", help="tiny smoke run: 3 epochs of 10 steps")
     ap.add_argument("--repeats", type=int, default=None,
-                    help="runs of each of the two timed configurations (default 2; --quick: 1)")
+                    help="runs of each of the two timed configurations (default 3; --quick: 1)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds allowed per run")
     args = ap.parse_args(argv)
     if args.epochs is None:
         args.epochs = 3 if args.quick else 12
     if args.repeats is None:
-        args.repeats = 1 if args.quick else 2
+        args.repeats = 1 if args.quick else 3
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
     if args.epochs < 2:

@@ -73,7 +73,7 @@ def test_make_comm_nccl_without_cupy_is_a_config_error(monkeypatch):
     with pytest.raises(ConfigError) as e:
         make_comm("nccl")
     assert "\n" not in str(e.value)
-    assert str(e.value).startswith("the NCCL communicator needs CuPy with NCCL")
+    assert str(e.value).startswith("the NCCL communicator needs the GPU backend (CuPy with cupy.cuda.nccl")
 
 
 @pytest.mark.skipif(HAS_GPU, reason="a GPU is visible here: make_comm('nccl') would build a communicator")

@@ -125,14 +125,17 @@ class Backend:
         raise NotImplementedError
 
 
-def get_backend(name: str = "cpu", dtype="float32", seed: int = 0) -> Backend:
-    """A fresh backend object; two models may hold two different backends in one process."""
+def get_backend(name: str = "cpu", dtype="float32", seed: int = 0, **options) -> Backend:
+    """A fresh backend object; two models may hold two different backends in one process.
+
+    `options` go to the GPU backend (precision="fp32"|"tf32", auto_conv_alg=bool, device=int).
+    """
     if name == "cpu":
         from pydtnn.backends.cpu import CPUBackend
         return CPUBackend(dtype=dtype, seed=seed)
     if name == "gpu":
         from pydtnn.backends.gpu import GPUBackend
-        return GPUBackend(dtype=dtype, seed=seed)
+        return GPUBackend(dtype=dtype, seed=seed, **options)
     raise ConfigError(f"unknown backend {name!r}: choose 'cpu' or 'gpu'")
 
 

@@ -22,7 +22,8 @@ import numpy as np
 from pydtnn.errors import ConfigError
 from pydtnn.parallel.comm import Communicator, MPIComm
 
-NCCL_HINT = "the NCCL communicator needs CuPy with NCCL (cupy.cuda.nccl) and an NVIDIA GPU: pip install '.[gpu]'"
+NCCL_HINT = ("the NCCL communicator needs the GPU backend (CuPy with cupy.cuda.nccl, and an NVIDIA GPU): "
+             "pip install '.[gpu]'")
 _UNIQUE_ID_BYTES = 128       # NCCL_UNIQUE_ID_BYTES
 
 
