@@ -12,6 +12,7 @@ import argparse
 import math
 import os
 import sys
+import time
 
 from pydtnn.errors import ConfigError, PyDTNNError
 
@@ -386,8 +387,13 @@ def _probe_sizes(trainer, B, P):
     y = one_hot(labels, trainer.nclasses, model.dtype)
     saved = [a.copy() for a in trainer._running_stats()]
     rng_state = getattr(model.backend.rng, "bit_generator", None) and model.backend.rng.bit_generator.state
-    speeds = balance.probe_speeds(lambda: trainer._local_gradients(x, y, 1.0, overlap=False), trainer.comm, k=5,
-                                  samples_per_call=len(idx))
+    step = lambda: trainer._local_gradients(x, y, 1.0, overlap=False)
+    step()                                    # first call: allocations, compilation
+    t0 = time.perf_counter()
+    step()
+    once = max(time.perf_counter() - t0, 1e-6)
+    k = max(5, min(100, math.ceil(0.3 / once)))   # at least ~0.3 s of timed steps: short probes are noisy
+    speeds = balance.probe_speeds(step, trainer.comm, k=k, samples_per_call=len(idx))
     for a, s in zip(trainer._running_stats(), saved):
         a[...] = s
     if rng_state:
@@ -422,7 +428,6 @@ def _exit_with_error(message):
         print(f"pydtnn: error: {message}", file=sys.stderr)
         sys.stderr.flush()
         sys.exit(2)
-    import time
     comm = mpi.COMM_WORLD
     request = comm.Ibarrier()
     deadline = time.monotonic() + float(os.environ.get("PYDTNN_ERROR_SYNC_S", "10"))

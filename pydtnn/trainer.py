@@ -199,7 +199,9 @@ class Trainer:
             logs.update({f"val_{k}": v for k, v in self.evaluate(val).items()})
         summary = epoch_summary(self.comm, self.stats)
         for r in summary.rows:
-            logs[f"rank{r['rank']}_b"] = self.sizes[r["rank"]]      # the split in force (not a short last step)
+            r["b_i"] = self.sizes[r["rank"]]      # the split in force, not a short last step's
+            logs[f"rank{r['rank']}_b"] = r["b_i"]
+            logs[f"rank{r['rank']}_samples"] = r["samples"]
             logs[f"rank{r['rank']}_compute_s"] = r["compute_s"]
             logs[f"rank{r['rank']}_wait_s"] = r["wait_s"]
         if self.rank == 0:

@@ -27,15 +27,15 @@ from pydtnn.backends import _cpu_kernels as kp
 from pydtnn.backends._cpu_pool import POOL
 from pydtnn.errors import ConfigError, ShapeError
 
-_DTYPES = {"float32": np.float32, "float64": np.float64}
-
 # Row blocks: aim for about this many output pixels per packed GEMM (the packed block stays in L2), and
 # at most this many packed elements per block.
 _TARGET_ROWS = 512
 _BUF_ELEMS = 1 << 19
+
 # The im2col variant ("fold": all kernel taps in one GEMM per block) measured slower than row-tap on every
 # ResNet-20 and MNIST shape, even with 1 or 3 input channels, because packing dominates: it is used only
 # when forced (`_force_fold`, for tests and `scripts/bench_conv_kernels.py --fold yes`).
+
 # Below this many elements a kernel runs on the calling thread only (waking workers costs more).
 _PARALLEL_MIN = 16384
 _CPUS = os.cpu_count() or 1
