@@ -61,6 +61,8 @@ def conv_cases(n):
         ("1x1 s1 64->256 8x8", n, 64, 8, 8, 256, 1, 1, 0, 1),
         ("mnist 1->32 28x28", n, 1, 28, 28, 32, 3, 1, 1, 1),
         ("mnist 32->64 14x14", n, 32, 14, 14, 64, 3, 1, 1, 1),
+        ("alexnet 64->192 8x8", n, 64, 8, 8, 192, 3, 1, 1, 1),
+        ("alexnet 384->256 4x4", n, 384, 4, 4, 256, 3, 1, 1, 1),
         ("depthwise 3x3 32ch 32x32", n, 32, 32, 32, 32, 3, 1, 1, 32),
     ]
 
@@ -76,6 +78,65 @@ def pool_cases(n):
     ]
 
 
+def conv_ops(be, torch, rng, n, c, h, w, k, ks, s, p, g):
+    """[(op, ours, theirs or None)] for one convolution shape."""
+    spec = ConvSpec(c, k, (ks, ks), (s, s), (p, p), (1, 1), g)
+    x = be.asarray(rng.standard_normal((n, h, w, c)))
+    wt = be.asarray(rng.standard_normal((k, c // g, ks, ks)) * 0.1)
+    y, ctx = be.conv2d_forward(x, wt, None, spec)
+    dy = be.asarray(rng.standard_normal(y.shape))
+    ours = [lambda: be.conv2d_forward(x, wt, None, spec),
+            lambda: be.conv2d_backward_data(dy, wt, ctx, spec),
+            lambda: be.conv2d_backward_weights(dy, ctx, spec, False)]
+    theirs = [None] * 3
+    if torch is not None:
+        tx = torch.from_numpy(be.to_user(x).copy())
+        tw = torch.from_numpy(wt.copy())
+        tdy = torch.from_numpy(be.to_user(dy).copy())
+        cb = torch.ops.aten.convolution_backward
+        theirs = [lambda: torch.nn.functional.conv2d(tx, tw, None, s, p, 1, g),
+                  lambda: cb(tdy, tx, tw, None, [s, s], [p, p], [1, 1], False, [0, 0], g, [True, False, False]),
+                  lambda: cb(tdy, tx, tw, None, [s, s], [p, p], [1, 1], False, [0, 0], g, [False, True, False])]
+    return list(zip(("fwd", "bwd-data", "bwd-w"), ours, theirs))
+
+
+def pool_ops(be, torch, rng, n, c, h, w, kind, ks, s, p):
+    spec = PoolSpec(kind, (ks, ks), (s, s), (p, p))
+    x = be.asarray(rng.standard_normal((n, h, w, c)))
+    y, ctx = be.pool2d_forward(x, spec)
+    dy = be.asarray(rng.standard_normal(y.shape))
+    ours = [lambda: be.pool2d_forward(x, spec), lambda: be.pool2d_backward(dy, ctx, spec)]
+    theirs = [None, None]
+    if torch is not None:
+        F = torch.nn.functional
+        tx = torch.from_numpy(be.to_user(x).copy()).requires_grad_(True)
+        pool = F.max_pool2d if kind == "max" else F.avg_pool2d
+        ty = pool(tx, ks, s, p)
+        tdy = torch.from_numpy(be.to_user(dy).copy())
+        theirs = [lambda: pool(tx, ks, s, p).detach(), lambda: torch.autograd.grad(ty, tx, tdy, retain_graph=True)]
+    return list(zip(("fwd", "bwd"), ours, theirs))
+
+
+def batchnorm_ops(be, torch, rng, n, c, h, w):
+    x = be.asarray(rng.standard_normal((n, h, w, c)))
+    gamma, beta = be.asarray(np.ones(c)), be.asarray(np.zeros(c))
+    y, _, _, ctx = be.batchnorm_forward_train(x, gamma, beta, 1e-5)
+    dy = be.asarray(rng.standard_normal(y.shape))
+    ours = [lambda: be.batchnorm_forward_train(x, gamma, beta, 1e-5), lambda: be.batchnorm_backward(dy, ctx)]
+    theirs = [None, None]
+    if torch is not None:
+        F = torch.nn.functional
+        tx = torch.from_numpy(be.to_user(x).copy()).requires_grad_(True)
+        tg = torch.ones(c, requires_grad=True)
+        tb = torch.zeros(c, requires_grad=True)
+        rm, rv = torch.zeros(c), torch.ones(c)
+        ty = F.batch_norm(tx, rm, rv, tg, tb, True, 0.1, 1e-5)
+        tdy = torch.from_numpy(be.to_user(dy).copy())
+        theirs = [lambda: F.batch_norm(tx, rm, rv, tg, tb, True, 0.1, 1e-5).detach(),
+                  lambda: torch.autograd.grad(ty, (tx, tg, tb), tdy, retain_graph=True)]
+    return list(zip(("train-fwd", "bwd"), ours, theirs))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -84,8 +145,8 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--only", default="", help="run only the cases whose label contains this text")
-    ap.add_argument("--fold", choices=("yes", "no"), default="no",
-                    help="convolution packing: im2col blocks (yes) or row-tap (no, the default)")
+    ap.add_argument("--fold", choices=("yes", "auto"), default="auto",
+                    help="convolution packing: always im2col blocks (yes) or the backend's choice (auto)")
     args = ap.parse_args(argv)
 
     from threadpoolctl import threadpool_limits
@@ -102,87 +163,28 @@ def main(argv=None):
     be.num_threads = args.threads
     be._force_fold = args.fold == "yes"
     rng = np.random.default_rng(0)
-    rep = args.repeat
     tot = {"ours": 0.0, "torch": 0.0}
 
-    def row(label, op, ours, theirs):
-        ratio = f"{ours[0] / theirs[0]:6.2f}" if theirs else "     -"
-        th = f"{theirs[0]:8.3f} {theirs[1]:8.3f}" if theirs else f"{'-':>8} {'-':>8}"
-        print(f"{label:28s} {op:9s} {ours[0]:8.3f} {ours[1]:8.3f} {th} {ratio}")
-        if theirs:
-            tot["ours"] += ours[0]
-            tot["torch"] += theirs[0]
-
     print(f"threads={args.threads} batch={args.batch} dtype={args.dtype} "
-          f"torch={'%s' % torch.__version__ if torch else 'not available'}")
+          f"torch={torch.__version__ if torch else 'not available'}")
     print(f"{'case':28s} {'op':9s} {'ours min':>8} {'med':>8} {'torch min':>8} {'med':>8} {'ratio':>6}")
-    for (label, n, c, h, w, k, ks, s, p, g) in conv_cases(args.batch):
+    bn_shapes = ((16, 32, 32), (64, 8, 8))
+    cases = ([(c[0], conv_ops, c[1:]) for c in conv_cases(args.batch)]
+             + [(c[0], pool_ops, c[1:]) for c in pool_cases(args.batch)]
+             + [(f"batchnorm {c}ch {h}x{w}", batchnorm_ops, (args.batch, c, h, w)) for c, h, w in bn_shapes])
+    for label, make, params in cases:
         if args.only not in label:
             continue
-        spec = ConvSpec(c, k, (ks, ks), (s, s), (p, p), (1, 1), g)
-        x = be.asarray(rng.standard_normal((n, h, w, c)))
-        wt = be.asarray(rng.standard_normal((k, c // g, ks, ks)) * 0.1)
-        y, ctx = be.conv2d_forward(x, wt, None, spec)
-        dy = be.asarray(rng.standard_normal(y.shape))
-        ours = [lambda: be.conv2d_forward(x, wt, None, spec),
-                lambda: be.conv2d_backward_data(dy, wt, ctx, spec),
-                lambda: be.conv2d_backward_weights(dy, ctx, spec, False)]
-        theirs = [None] * 3
-        if torch is not None:
-            tx = torch.from_numpy(be.to_user(x).copy())
-            tw = torch.from_numpy(wt.copy())
-            tdy = torch.from_numpy(be.to_user(dy).copy())
-            cb = torch.ops.aten.convolution_backward
-            conv = torch.nn.functional.conv2d
-            theirs = [lambda: conv(tx, tw, None, s, p, 1, g),
-                      lambda: cb(tdy, tx, tw, None, [s, s], [p, p], [1, 1], False, [0, 0], g, [True, False, False]),
-                      lambda: cb(tdy, tx, tw, None, [s, s], [p, p], [1, 1], False, [0, 0], g, [False, True, False])]
-        for op, o, t in zip(("fwd", "bwd-data", "bwd-w"), ours, theirs):
-            row(label, op, *timeboth(o, t, rep))
+        for op, ours_fn, theirs_fn in make(be, torch, rng, *params):
+            ours, theirs = timeboth(ours_fn, theirs_fn, args.repeat)
+            ratio = f"{ours[0] / theirs[0]:6.2f}" if theirs else "     -"
+            th = f"{theirs[0]:8.3f} {theirs[1]:8.3f}" if theirs else f"{'-':>8} {'-':>8}"
+            print(f"{label:28s} {op:9s} {ours[0]:8.3f} {ours[1]:8.3f} {th} {ratio}")
+            if theirs:
+                tot["ours"] += ours[0]
+                tot["torch"] += theirs[0]
 
-    for (label, n, c, h, w, kind, ks, s, p) in pool_cases(args.batch):
-        if args.only not in label:
-            continue
-        spec = PoolSpec(kind, (ks, ks), (s, s), (p, p))
-        x = be.asarray(rng.standard_normal((n, h, w, c)))
-        y, ctx = be.pool2d_forward(x, spec)
-        dy = be.asarray(rng.standard_normal(y.shape))
-        ours = [lambda: be.pool2d_forward(x, spec), lambda: be.pool2d_backward(dy, ctx, spec)]
-        theirs = [None, None]
-        if torch is not None:
-            tx = torch.from_numpy(be.to_user(x).copy()).requires_grad_(True)
-            F = torch.nn.functional
-            f = (lambda: F.max_pool2d(tx, ks, s, p)) if kind == "max" else (lambda: F.avg_pool2d(tx, ks, s, p))
-            ty = f()
-            tdy = torch.from_numpy(be.to_user(dy).copy())
-            theirs = [lambda: f().detach(), lambda: torch.autograd.grad(ty, tx, tdy, retain_graph=True)]
-        for op, o, t in zip(("fwd", "bwd"), ours, theirs):
-            row(label, op, *timeboth(o, t, rep))
-
-    for (n, c, h, w) in [(args.batch, 16, 32, 32), (args.batch, 64, 8, 8)]:
-        label = f"batchnorm {c}ch {h}x{w}"
-        if args.only not in label:
-            continue
-        x = be.asarray(rng.standard_normal((n, h, w, c)))
-        gamma, beta = be.asarray(np.ones(c)), be.asarray(np.zeros(c))
-        y, _, _, ctx = be.batchnorm_forward_train(x, gamma, beta, 1e-5)
-        dy = be.asarray(rng.standard_normal(y.shape))
-        ours = [lambda: be.batchnorm_forward_train(x, gamma, beta, 1e-5), lambda: be.batchnorm_backward(dy, ctx)]
-        theirs = [None, None]
-        if torch is not None:
-            tx = torch.from_numpy(be.to_user(x).copy()).requires_grad_(True)
-            tg = torch.ones(c, requires_grad=True)
-            tb = torch.zeros(c, requires_grad=True)
-            rm, rv = torch.zeros(c), torch.ones(c)
-            F = torch.nn.functional
-            ty = F.batch_norm(tx, rm, rv, tg, tb, True, 0.1, 1e-5)
-            tdy = torch.from_numpy(be.to_user(dy).copy())
-            theirs = [lambda: F.batch_norm(tx, rm, rv, tg, tb, True, 0.1, 1e-5).detach(),
-                      lambda: torch.autograd.grad(ty, (tx, tg, tb), tdy, retain_graph=True)]
-        for op, o, t in zip(("train-fwd", "bwd"), ours, theirs):
-            row(label, op, *timeboth(o, t, rep))
-
-    if torch is not None:
+    if torch is not None and tot["torch"] > 0:
         print(f"{'sum of min times (ms)':28s} {'':9s} {tot['ours']:8.2f} {'':8s} {tot['torch']:8.2f} {'':8s} "
               f"{tot['ours'] / tot['torch']:6.2f}")
 

@@ -13,7 +13,6 @@ from pydtnn.backends import ConvSpec, PoolSpec, get_backend
 from pydtnn.backends.cpu import CPUBackend
 from pydtnn.errors import ConfigError, ShapeError
 
-
 # --- references (NCHW, float64, loops over the kernel taps) ----------------------------------------
 
 def ref_conv(x, w, b, stride, pad, dil, groups):
@@ -168,6 +167,7 @@ CONV_CASES = [
     (2, 22, 9, 9, 3, (5, 5), (3, 3), (1, 2), (1, 1), 1, True),       # 5x5 stride 3
     (2, 24, 26, 25, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1, True),     # several row blocks per image
     (2, 8, 24, 23, 4, (3, 3), (2, 2), (1, 1), (1, 1), 1, True),      # several row blocks, scattered dx
+    (3, 8, 4, 4, 32, (3, 3), (1, 1), (1, 1), (1, 1), 1, True),       # small image, many filters: im2col blocks
     (2, 8, 7, 7, 8, (3, 3), (1, 1), (1, 1), (1, 1), 8, True),        # depthwise
     (2, 8, 9, 8, 8, (3, 3), (2, 2), (1, 1), (1, 1), 8, False),       # depthwise stride 2
     (1, 5, 9, 10, 5, (3, 3), (1, 1), (2, 2), (2, 2), 5, True),       # depthwise dilation 2
@@ -221,7 +221,7 @@ def test_conv_backward_vs_finite_differences(case, be64):
     assert abs(np.sum(yv * r) - np.sum(v * dx)) < 1e-9 * np.abs(yv * r).sum()
 
 
-@pytest.mark.parametrize("case", [CONV_CASES[i] for i in (0, 1, 4, 7, 9, 11, 14, 15, 16)],
+@pytest.mark.parametrize("case", [CONV_CASES[i] for i in (0, 1, 4, 7, 9, 11, 14, 15, 16, 17)],
                          ids=lambda c: str(c[:10]))
 def test_conv_float32_matches_float64(case, be32, be64):
     spec, x, w, b, rng = _conv_setup(case, seed=2)
@@ -238,7 +238,7 @@ def test_conv_float32_matches_float64(case, be32, be64):
     assert rel_err(dx32, dx64) < 2e-6 and rel_err(dw32, dw64) < 1e-5 and rel_err(db32, db64) < 1e-5
 
 
-@pytest.mark.parametrize("case", [CONV_CASES[i] for i in (0, 1, 4, 7, 9, 11, 13, 14)], ids=lambda c: str(c[:10]))
+@pytest.mark.parametrize("case", [CONV_CASES[i] for i in (0, 1, 4, 7, 9, 11, 13, 14, 15)], ids=lambda c: str(c[:10]))
 def test_conv_other_paths_agree(case):
     """The plain-NumPy fallback (no BLAS callable from numba), the im2col ("fold") packing, 1 thread and
     3 threads all agree with the reference and with the default path."""
@@ -281,6 +281,55 @@ def test_conv_float32_large_resnet_shape(be32):
                    ref.conv2d_backward_data(dy, w, c64, spec)) < 2e-6
     assert rel_err(be32.conv2d_backward_weights(be32.asarray(dy), c32, spec, False)[0],
                    ref.conv2d_backward_weights(dy, c64, spec, False)[0]) < 1e-5
+
+
+def test_thread_pool_runs_every_part_and_reports_errors():
+    from pydtnn.backends._cpu_pool import POOL
+    seen = []
+    POOL.run(lambda t, nt, tag: seen.append((t, nt, tag)), 3, "x")
+    assert sorted(seen) == [(0, 3, "x"), (1, 3, "x"), (2, 3, "x")]
+
+    def boom(t, nt):
+        if t == 1:
+            raise ValueError("part 1 failed")
+
+    with pytest.raises(ValueError, match="part 1 failed"):
+        POOL.run(boom, 2)
+    POOL.run(lambda t, nt: None, 2)          # the pool still works afterwards
+
+
+def test_two_backends_used_from_two_threads_at_once():
+    """Two models may run in two Python threads: the kernels serialize safely and give the same results."""
+    import threading
+    rng = np.random.default_rng(11)
+    spec = ConvSpec(16, 8, (3, 3), (1, 1), (1, 1))
+    data = [(rng.standard_normal((4, 12, 12, 16)), rng.standard_normal((8, 16, 3, 3))) for _ in range(2)]
+    backends = [CPUBackend("float32"), CPUBackend("float32")]
+    for be in backends:
+        be.num_threads, be._parallel_min = 2, 0      # both threads go through the worker pool
+
+    def work(be, x, w):
+        y, ctx = be.conv2d_forward(be.asarray(x), be.asarray(w), None, spec)
+        p, pctx = be.pool2d_forward(y, PoolSpec("max", (2, 2), (2, 2)))
+        dx = be.conv2d_backward_data(be.pool2d_backward(p, pctx, PoolSpec("max", (2, 2), (2, 2))), w, ctx, spec)
+        return y, dx
+
+    expected = [work(be, x, w) for be, (x, w) in zip(backends, data)]
+    got = [[None] * 2 for _ in range(10)]
+
+    def loop(i):
+        for r in range(10):
+            got[r][i] = work(backends[i], *data[i])
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in range(10):
+        for i in range(2):
+            for a, e in zip(got[r][i], expected[i]):
+                np.testing.assert_array_equal(a, e)
 
 
 def test_conv_errors(be32):

@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import glob
 import os
+import threading
 
 import numpy as np
 from llvmlite import ir
@@ -82,20 +83,26 @@ def blas_threads() -> int:
     return int(_get_threads()) if _get_threads is not None else 0
 
 
+_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def blas_single_thread():
-    """OpenBLAS on one thread for the duration (the numba chunks are the parallel level)."""
-    if _set_threads is None:
-        yield
-        return
-    n = int(_get_threads())
-    if n != 1:
-        _set_threads(1)
-    try:
-        yield
-    finally:
+    """OpenBLAS on one thread for the duration (the numba chunks are the parallel level). Held under a
+    process-wide lock: OpenBLAS's thread count is global, and a multi-threaded OpenBLAS called from two
+    threads at once is not safe."""
+    with _LOCK:
+        if _set_threads is None:
+            yield
+            return
+        n = int(_get_threads())
         if n != 1:
-            _set_threads(n)
+            _set_threads(1)
+        try:
+            yield
+        finally:
+            if n != 1:
+                _set_threads(n)
 
 
 @intrinsic
@@ -110,7 +117,7 @@ def gemm(typingctx, fptr, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
     sig = types.void(fptr, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 
     def codegen(context, builder, signature, args):
-        i32, i64, bi = ir.IntType(32), ir.IntType(64), ir.IntType(INT_BITS)
+        i32, bi = ir.IntType(32), ir.IntType(INT_BITS)
         fl = ir.FloatType() if signature.args[6] == types.float32 else ir.DoubleType()
         vp = ir.IntType(8).as_pointer()
         fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, bi, bi, bi, fl, vp, bi, vp, bi, fl, vp, bi])

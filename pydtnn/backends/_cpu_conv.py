@@ -30,7 +30,7 @@ from numba import njit, uint64
 
 from pydtnn.backends._cpu_blas import NO_TRANS, TRANS, addr, gemm
 
-_NJ = dict(cache=True, fastmath=True, boundscheck=False, nogil=True)
+_NJ = {"cache": True, "fastmath": True, "boundscheck": False, "nogil": True}
 
 
 # Performance note: hot inner loops index flat arrays with UNSIGNED (uint64) offsets. With a computed
@@ -257,11 +257,8 @@ def _wo_range(Wo, W, sw, pw, j, dw):
         hi = 0
     else:
         hi = (W - 1 - off) // sw + 1
-    if hi > Wo:
-        hi = Wo
-    if lo > hi:
-        lo = hi
-    return lo, hi
+    hi = min(hi, Wo)
+    return min(lo, hi), hi
 
 
 @njit(**_NJ)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, uint64
 
-_NJ = dict(cache=True, fastmath=True, boundscheck=False, nogil=True)
-_NJ_STRICT = dict(cache=True, boundscheck=False, nogil=True)   # exact IEEE comparisons (max pooling)
+_NJ = {"cache": True, "fastmath": True, "boundscheck": False, "nogil": True}
+_NJ_STRICT = {"cache": True, "boundscheck": False, "nogil": True}   # exact IEEE comparisons (max pooling)
 
 
 def _part(t, nt, total):

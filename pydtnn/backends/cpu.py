@@ -16,6 +16,7 @@ Design (see `_cpu_conv` for the convolution algorithm):
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -30,15 +31,32 @@ from pydtnn.errors import ConfigError, ShapeError
 # Row blocks: aim for about this many output pixels per packed GEMM (the packed block stays in L2), and
 # at most this many packed elements per block.
 _TARGET_ROWS = 512
-_BUF_ELEMS = 1 << 19
+_BUF_ELEMS = 1 << 21
 
-# The im2col variant ("fold": all kernel taps in one GEMM per block) measured slower than row-tap on every
-# ResNet-20 and MNIST shape, even with 1 or 3 input channels, because packing dominates: it is used only
-# when forced (`_force_fold`, for tests and `scripts/bench_conv_kernels.py --fold yes`).
+# The im2col variant ("fold": all kernel taps in one GEMM per block, blocks spanning images) packs kh times
+# more than row-tap. Row-tap won on every ResNet-20 and MNIST shape, even with 1 or 3 input channels, but
+# its per-image GEMMs get thin on small images: fold wins there once there are enough output channels
+# (K) for the packing to be cheap against the GEMM (measured: AlexNet-CIFAR 4x4 and 8x8 layers with
+# K >= 192 ran 1.2-1.7x faster folded, ResNet-20's 8x8 K=64 layers 1.3x slower).
 
-# Below this many elements a kernel runs on the calling thread only (waking workers costs more).
-_PARALLEL_MIN = 16384
+
+def _use_fold(ho, wo, k) -> bool:
+    return (ho * wo <= 64 and k >= 128) or (ho * wo <= 16 and k >= 32)
+
+
+# Below this many elements a kernel runs on the calling thread only (a hand-off to a worker costs ~15 us).
+_PARALLEL_MIN = 32768
 _CPUS = os.cpu_count() or 1
+
+
+_warned = []
+
+
+def _warn_fallback():
+    if not blas.GEMM_OK and not _warned:
+        _warned.append(True)
+        warnings.warn("pydtnn cpu backend: NumPy's BLAS is not the OpenBLAS of NumPy's wheels, so convolutions "
+                      "use a plain NumPy path (correct but several times slower)", RuntimeWarning, stacklevel=3)
 
 
 def _parse_dtype(dtype) -> np.dtype:
@@ -62,7 +80,7 @@ class CPUBackend(Backend):
         self.rng = np.random.default_rng(seed)
         self.num_threads: int | None = None      # None: follow OpenBLAS's thread count
         self.use_blas_kernels = blas.GEMM_OK     # False: NumPy fallback for convolutions (also for tests)
-        self._force_fold = False                 # tests/benchmarks: force the im2col packing
+        self._force_fold = False                 # tests/benchmarks: always use the im2col packing
         self._parallel_min = _PARALLEL_MIN       # tests: 0 runs even tiny kernels on several threads
 
     # --- arrays -------------------------------------------------------------------------------------
@@ -113,9 +131,9 @@ class CPUBackend(Backend):
     # --- convolution --------------------------------------------------------------------------------
     def _conv_plan(self, spec: ConvSpec, n, h, w, c, k, ho, wo):
         """(rb, fold, direct, bufsize, nt) of the fused kernel for this geometry."""
-        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = spec.kernel, spec.stride, spec.padding, spec.dilation
+        (kh, kw), (sh, sw), (ph, pw), (dh, _) = spec.kernel, spec.stride, spec.padding, spec.dilation
         direct = kh == 1 and kw == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
-        fold = bool(self._force_fold) and not direct
+        fold = (bool(self._force_fold) or _use_fold(ho, wo, k)) and not direct
         nt = self._nt(n * max(h * w * c, ho * wo * k))
         rows = n * ho if fold else ho          # fold blocks run over (image, row); row-tap blocks within an image
         L = kw * c
@@ -163,6 +181,7 @@ class CPUBackend(Backend):
                      n, h, wd, c, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw)
             return y, (x,)
         if not self.use_blas_kernels:
+            _warn_fallback()
             y[...] = np.tensordot(self._windows(x, spec, ho, wo), self._c(w), axes=([3, 4, 5], [1, 2, 3]))
             if b is not None:
                 y += bias
