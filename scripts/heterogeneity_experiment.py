@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -43,30 +42,14 @@ DEFAULT_DATA = REPO / ".." / "shared" / "datasets" / "mnist-t10k"
 
 # ------------------------------------------------------------------------------------------------ MPI
 
-def find_mpiexec() -> str:
-    """The mpiexec beside this Python (the ``mpich`` wheel installs one into the venv), else on PATH."""
-    local = Path(sys.executable).parent / "mpiexec"
-    if local.is_file() and os.access(local, os.X_OK):
-        return str(local)
-    found = shutil.which("mpiexec") or shutil.which("mpirun")
-    if found is None:
-        sys.exit("heterogeneity_experiment: no mpiexec beside the Python interpreter nor on PATH (pip install mpich)")
-    return found
-
-
 def mpiexec_prefix(nprocs: int) -> list[str]:
-    mpiexec = find_mpiexec()
-    cmd = [mpiexec]
+    """`mpiexec [...] -n P python -m mpi4py` (the launcher's path is appended by the caller)."""
+    from pydtnn.errors import ConfigError
+    from pydtnn.parallel.mpirun import mpi_command
     try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
-        text = out.stdout + out.stderr
-    except (OSError, subprocess.TimeoutExpired):
-        text = ""
-    if "Open MPI" in text or "OpenRTE" in text or "open-mpi" in text.lower():
-        cmd.append("--oversubscribe")
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            cmd.append("--allow-run-as-root")
-    return cmd + ["-n", str(nprocs), sys.executable, "-m", "mpi4py"]
+        return mpi_command(nprocs, "")[:-1]
+    except ConfigError as e:
+        sys.exit(f"heterogeneity_experiment: {e}")
 
 
 # ------------------------------------------------------------------------------------------- the runs

@@ -5,9 +5,7 @@ whole job instead of leaving the others hanging in a collective.
 """
 from __future__ import annotations
 
-import functools
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,42 +14,26 @@ from pathlib import Path
 
 import pytest
 
+from pydtnn.errors import ConfigError
+from pydtnn.parallel import mpirun
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
 
 
-@functools.lru_cache(maxsize=None)
 def find_mpiexec() -> str:
-    """The mpiexec beside this Python (the ``mpich`` wheel installs one into the venv), else on PATH."""
-    local = Path(sys.executable).parent / "mpiexec"
-    if local.is_file() and os.access(local, os.X_OK):
-        return str(local)
-    found = shutil.which("mpiexec") or shutil.which("mpirun")
-    if found is None:
-        pytest.fail("no mpiexec found beside the Python interpreter nor on PATH (pip install mpich)")
-    return found
-
-
-@functools.lru_cache(maxsize=None)
-def is_open_mpi(mpiexec: str) -> bool:
     try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    text = out.stdout + out.stderr
-    return "Open MPI" in text or "OpenRTE" in text or "open-mpi" in text.lower()
+        return mpirun.find_mpiexec()
+    except ConfigError as e:
+        pytest.fail(str(e))
+
+
+is_open_mpi = mpirun.is_open_mpi
 
 
 def mpi_command(nprocs: int, script_path, args=()) -> list[str]:
-    mpiexec = find_mpiexec()
-    cmd = [mpiexec]
-    if is_open_mpi(mpiexec):
-        cmd.append("--oversubscribe")
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            cmd.append("--allow-run-as-root")
-    cmd += ["-n", str(int(nprocs)), sys.executable, "-m", "mpi4py", str(script_path)]
-    cmd += [str(a) for a in args]
-    return cmd
+    find_mpiexec()
+    return mpirun.mpi_command(nprocs, script_path, args)
 
 
 def run_mpi(nprocs: int, script_path, args=(), timeout: float = 120, env: dict | None = None,

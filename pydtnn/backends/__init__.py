@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydtnn.errors import ConfigError
+from pydtnn.errors import ConfigError, ShapeError
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,17 @@ class Backend:
     def internal_shape(self, n: int, chw: tuple[int, int, int]) -> tuple[int, int, int, int]:
         c, h, w = chw
         return (n, h, w, c) if self.layout == "NHWC" else (n, c, h, w)
+
+    def _check4(self, x, what):
+        if x.ndim != 4:
+            raise ShapeError(f"{what} expects a 4-D {self.layout} array, got shape {x.shape}")
+
+    @staticmethod
+    def _out_hw(spec, h, w, what):
+        ho, wo = spec.output_hw(h, w)
+        if ho <= 0 or wo <= 0:
+            raise ShapeError(f"{what}: input {h}x{w} is too small for {spec} (output {ho}x{wo})")
+        return ho, wo
 
     def seed(self, seed: int) -> None:     # reseed self.rng
         raise NotImplementedError

@@ -116,18 +116,6 @@ class CPUBackend(Backend):
         n = self.num_threads or blas.blas_threads() or _CPUS
         return max(1, min(int(n), 4 * _CPUS))
 
-    @staticmethod
-    def _check4(x, what):
-        if x.ndim != 4:
-            raise ShapeError(f"{what} expects a 4-D NHWC array, got shape {x.shape}")
-
-    @staticmethod
-    def _out_hw(spec, h, w, what):
-        ho, wo = spec.output_hw(h, w)
-        if ho <= 0 or wo <= 0:
-            raise ShapeError(f"{what}: input {h}x{w} is too small for {spec} (output {ho}x{wo})")
-        return ho, wo
-
     # --- convolution --------------------------------------------------------------------------------
     def _conv_plan(self, spec: ConvSpec, n, h, w, c, k, ho, wo):
         """(rb, fold, direct, bufsize, nt) of the fused kernel for this geometry."""

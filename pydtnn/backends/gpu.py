@@ -132,18 +132,6 @@ class GPUBackend(Backend):
         grid = max(1, min(int(-(-total // _BLOCK)), 65535 * 8))
         fn((grid,), (_BLOCK,), args)
 
-    @staticmethod
-    def _check4(x, what):
-        if x.ndim != 4:
-            raise ShapeError(f"{what} expects a 4-D NCHW array, got shape {x.shape}")
-
-    @staticmethod
-    def _out_hw(spec, h, w, what):
-        ho, wo = spec.output_hw(h, w)
-        if ho <= 0 or wo <= 0:
-            raise ShapeError(f"{what}: input {h}x{w} is too small for {spec} (output {ho}x{wo})")
-        return ho, wo
-
     # --- convolution --------------------------------------------------------------------------------
     def _conv_geometry(self, x, spec: ConvSpec, what):
         self._check4(x, what)

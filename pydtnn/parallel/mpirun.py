@@ -1,0 +1,49 @@
+"""Building `mpiexec -n K python -m mpi4py script ...` command lines (experiments, tests).
+
+The mpiexec beside this Python comes first (the `mpich` wheel installs one into the virtual environment),
+then the one on PATH, so a system Open MPI works too. `python -m mpi4py` makes a rank that dies end the
+whole job instead of leaving the others waiting in a collective.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from pydtnn.errors import ConfigError
+
+
+@functools.lru_cache(maxsize=None)
+def find_mpiexec() -> str:
+    local = Path(sys.executable).parent / "mpiexec"
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if found is None:
+        raise ConfigError("no mpiexec beside the Python interpreter nor on PATH (pip install mpich)")
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def is_open_mpi(mpiexec: str) -> bool:
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    text = out.stdout + out.stderr
+    return "Open MPI" in text or "OpenRTE" in text or "open-mpi" in text.lower()
+
+
+def mpi_command(nprocs: int, script_path, args=()) -> list[str]:
+    """The full command line; Open MPI also gets --oversubscribe (and --allow-run-as-root as root)."""
+    mpiexec = find_mpiexec()
+    cmd = [mpiexec]
+    if is_open_mpi(mpiexec):
+        cmd.append("--oversubscribe")
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+    cmd += ["-n", str(int(nprocs)), sys.executable, "-m", "mpi4py", str(script_path)]
+    return cmd + [str(a) for a in args]
