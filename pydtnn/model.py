@@ -133,20 +133,23 @@ class Model:
             x = layer.forward(x, training)
         return self.backend.to_user(x) if x.ndim == 4 else x
 
-    def backward(self, dy, on_grads_ready=None, start=None):
+    def backward(self, dy, on_grads_ready=None, start=None, need_dx=True):
         """Back-propagate dy (dL/d output) through the layers, filling `grads`; returns dL/dx (NCHW).
 
         `start` skips the layers from that index on (used when the loss already fused the last one);
         `on_grads_ready(lo)` is called after each layer with parameters: grads[lo:] are then final.
+        `need_dx=False` (training) lets the first layer skip its input gradient, and returns None.
         """
         if dy.ndim == 4:
             dy = self.backend.to_internal(dy)
         stop = len(self.layers) if start is None else start
-        for i in range(stop - 1, -1, -1):
+        if len(self.layers) > 1:
+            self.layers[1].input_grad_needed = need_dx
+        for i in range(stop - 1, -1 if need_dx else 0, -1):
             dy = self.layers[i].backward(dy)
             if on_grads_ready is not None and self.layers[i].nparams:
                 on_grads_ready(self._starts[i])
-        return dy
+        return dy if need_dx else None
 
     def compute_gradients(self, x, y, loss, loss_scale=1.0, on_grads_ready=None):
         """Forward in training mode, loss, backward. Fills `grads` with loss_scale * d(mean loss)/d params.
@@ -166,7 +169,7 @@ class Model:
             y_pred = out
         if loss_scale != 1.0:
             dy *= dy.dtype.type(loss_scale)
-        self.backward(dy, on_grads_ready=on_grads_ready, start=stop)
+        self.backward(dy, on_grads_ready=on_grads_ready, start=stop, need_dx=False)
         return value, y_pred
 
     # --- state ----------------------------------------------------------------------------------------

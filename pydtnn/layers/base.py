@@ -35,6 +35,7 @@ class Layer:
         self.shape = None                   # per-sample output shape
         self._param_values = {}             # name -> array (a view of the model's flat buffer once packed)
         self._grad_values = {}
+        self.input_grad_needed = True       # False for the first layer in training: nothing uses its dx
 
     # --- wiring -------------------------------------------------------------------------------------
     @property

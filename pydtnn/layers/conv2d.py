@@ -87,4 +87,6 @@ class Conv2D(Layer):
         self.dw[...] = dw
         if self.use_bias:
             self.db[...] = db
+        if not self.input_grad_needed:
+            return None
         return self.backend.conv2d_backward_data(dy, self.weights, self.ctx, self.spec)

@@ -38,4 +38,4 @@ class FC(Layer):
         self.xp.matmul(self.x.T, dy, out=self.dw)
         if self.use_bias:
             dy.sum(axis=0, out=self.db)
-        return dy @ self.weights.T
+        return dy @ self.weights.T if self.input_grad_needed else None
