@@ -26,6 +26,18 @@ from dataclasses import dataclass
 from pydtnn.errors import ConfigError, ShapeError
 
 
+def parse_dtype(dtype, backend_name: str):
+    """The backend's floating dtype: float32 or float64 (a ConfigError for anything else)."""
+    import numpy as np
+    try:
+        dt = np.dtype(dtype) if dtype is not None else None
+    except TypeError:
+        dt = None
+    if dt is None or dt.type not in (np.float32, np.float64):
+        raise ConfigError(f"unsupported dtype {dtype!r} for the {backend_name} backend: choose 'float32' or 'float64'")
+    return dt
+
+
 @dataclass(frozen=True)
 class ConvSpec:
     """Static parameters of a 2-D convolution (all pairs are (height, width))."""

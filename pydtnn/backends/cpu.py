@@ -21,7 +21,7 @@ import warnings
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from pydtnn.backends import Backend, ConvSpec, PoolSpec
+from pydtnn.backends import Backend, ConvSpec, PoolSpec, parse_dtype
 from pydtnn.backends import _cpu_blas as blas
 from pydtnn.backends import _cpu_conv as kc
 from pydtnn.backends import _cpu_kernels as kp
@@ -59,16 +59,6 @@ def _warn_fallback():
                       "use a plain NumPy path (correct but several times slower)", RuntimeWarning, stacklevel=3)
 
 
-def _parse_dtype(dtype) -> np.dtype:
-    try:
-        dt = np.dtype(dtype) if dtype is not None else None
-    except TypeError:
-        dt = None
-    if dt is None or dt.type not in (np.float32, np.float64):
-        raise ConfigError(f"unsupported dtype {dtype!r} for the cpu backend: choose 'float32' or 'float64'")
-    return dt
-
-
 class CPUBackend(Backend):
     """NumPy/BLAS/numba kernels, NHWC inside, NCHW at the edges."""
     name = "cpu"
@@ -76,7 +66,7 @@ class CPUBackend(Backend):
 
     def __init__(self, dtype="float32", seed: int = 0):
         self.xp = np
-        self.dtype = _parse_dtype(dtype)
+        self.dtype = parse_dtype(dtype, "cpu")
         self.rng = np.random.default_rng(seed)
         self.num_threads: int | None = None      # None: follow OpenBLAS's thread count
         self.use_blas_kernels = blas.GEMM_OK     # False: NumPy fallback for convolutions (also for tests)

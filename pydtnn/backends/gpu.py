@@ -29,22 +29,12 @@ import warnings
 
 import numpy as np
 
-from pydtnn.backends import Backend, ConvSpec, PoolSpec
+from pydtnn.backends import Backend, ConvSpec, PoolSpec, parse_dtype
 from pydtnn.backends._gpu_device import use_device
 from pydtnn.errors import ConfigError, ShapeError
 
 PRECISIONS = ("fp32", "tf32")
 _BLOCK = 256
-
-
-def _parse_dtype(dtype) -> np.dtype:
-    try:
-        dt = np.dtype(dtype) if dtype is not None else None
-    except TypeError:
-        dt = None
-    if dt is None or dt.type not in (np.float32, np.float64):
-        raise ConfigError(f"unsupported dtype {dtype!r} for the gpu backend: choose 'float32' or 'float64'")
-    return dt
 
 
 def _set_matmul_precision(precision: str) -> None:
@@ -63,7 +53,7 @@ class GPUBackend(Backend):
 
     def __init__(self, dtype="float32", seed: int = 0, device=None, precision: str = "fp32",
                  auto_conv_alg: bool = False, conv_impl: str = "auto"):
-        self.dtype = _parse_dtype(dtype)
+        self.dtype = parse_dtype(dtype, "gpu")
         if precision not in PRECISIONS:
             raise ConfigError(f"GPU precision must be 'fp32' or 'tf32', got {precision!r}")
         cupy, self.device = use_device(device)          # before any allocation
