@@ -277,6 +277,8 @@ def run(p):
                           f"{p.dataset_name} has {dataset.nclasses} classes")
 
     # global batch and its split
+    if p.replica_speeds and not (p.parallel == "data" and p.balance == "static"):
+        raise ConfigError("--replica_speeds is used by --parallel data --balance static only")
     if p.parallel == "data":
         B = p.global_batch_size or p.batch_size * P
         if p.balance == "static" and p.replica_speeds:

@@ -62,6 +62,7 @@ BAD = {
     "bad validation split": (["--validation_split", "1.5"], "validation_split"),
     "speeds count": (["--parallel", "data", "--balance", "static", "--replica_speeds", "1,2"], "replica_speeds"),
     "bad speeds": (["--replica_speeds", "1,-2"], "replica_speeds"),
+    "speeds without static balance": (["--replica_speeds", "1,2"], "--balance static"),
     "unknown flag": (["--batchsize", "3"], "batchsize"),
     "missing model file": (["--model", "/nonexistent/my_model.py"], "my_model.py"),
     "nan loss": (["--learning_rate", "1e30", "--num_epochs", "2"], "loss"),
