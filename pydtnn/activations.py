@@ -28,12 +28,16 @@ class LeakyRelu(Layer):
         return self.xp.where(self.positive, dy, dy * dy.dtype.type(self.negative_slope))
 
 
+def stable_sigmoid(xp, x, e=None):
+    """1 / (1 + exp(-x)) from exp(-|x|) (exp of a non-positive number only: no overflow for large |x|)."""
+    if e is None:
+        e = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
 class Sigmoid(Layer):
     def forward(self, x, training=False):
-        xp = self.xp
-        # exp of a non-positive number only: no overflow for large |x|
-        e = xp.exp(-xp.abs(x))
-        self.y = xp.where(x >= 0, 1 / (1 + e), e / (1 + e))
+        self.y = stable_sigmoid(self.xp, x)
         return self.y
 
     def backward(self, dy):

@@ -4,7 +4,7 @@ Each loss returns (value, dy) with dy = d(mean loss)/d(prediction). When the mod
 a loss fuses with (Softmax for categorical cross-entropy, Sigmoid for binary cross-entropy), the model
 calls `from_logits` instead: stable for any logits (no log(0), no exp overflow) and cheaper.
 """
-from pydtnn.activations import Sigmoid, Softmax
+from pydtnn.activations import Sigmoid, Softmax, stable_sigmoid
 from pydtnn.backends import array_module as _xp
 from pydtnn.errors import ConfigError
 
@@ -65,10 +65,10 @@ class BinaryCrossEntropy(Loss):
 
     def from_logits(self, z, y_true):
         xp = _xp(z)
-        # log(1 + exp(-|z|)) + max(z, 0) - y z is the stable form of the loss
-        value = float((xp.maximum(z, 0) - y_true * z + xp.log1p(xp.exp(-xp.abs(z)))).sum()) / z.size
         e = xp.exp(-xp.abs(z))
-        p = xp.where(z >= 0, 1 / (1 + e), e / (1 + e))
+        # log(1 + exp(-|z|)) + max(z, 0) - y z is the stable form of the loss
+        value = float((xp.maximum(z, 0) - y_true * z + xp.log1p(e)).sum()) / z.size
+        p = stable_sigmoid(xp, z, e)
         return value, p, (p - y_true) / z.size
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from pydtnn.activations import make_activation
 from pydtnn.backends import Backend, get_backend
-from pydtnn.errors import ConfigError, ShapeError
+from pydtnn.errors import CheckpointError, ConfigError, NumericalError, ShapeError
 from pydtnn.layers.base import Layer
 from pydtnn.layers.input import Input
 from pydtnn.losses import get_loss
@@ -191,7 +191,6 @@ class Model:
         extra = sorted(set(arrays) - set(expected))
         if missing or extra:
             detail = f"missing {missing[:3]}" if missing else f"unexpected {extra[:3]}"
-            from pydtnn.errors import CheckpointError
             raise CheckpointError(f"{source} does not match this model: {detail}")
         for layer in self.all_layers():
             targets = {n: layer.get_param(n) for n in layer.param_names()}
@@ -200,7 +199,6 @@ class Model:
                 key = f"{layer.name}/{name}"
                 value = np.asarray(arrays[key])
                 if value.shape != tuple(target.shape):
-                    from pydtnn.errors import CheckpointError
                     raise CheckpointError(f"{source}: {key} has shape {value.shape}, the model expects "
                                           f"{tuple(target.shape)}")
                 target[...] = self.backend.asarray(value)
@@ -246,13 +244,12 @@ class Model:
             totals, seen = {k: 0.0 for k in ["loss", *metric_fns]}, 0
             for start in range(0, n, batch_size):
                 idx = order[start:start + batch_size]
-                value, y_pred = self.compute_gradients(x[idx], y[idx], loss)
+                yb = self.backend.asarray(y[idx])
+                value, y_pred = self.compute_gradients(x[idx], yb, loss)
                 if not np.isfinite(value):
-                    from pydtnn.errors import NumericalError
                     raise NumericalError(f"the loss became {value} at epoch {epoch + 1}, samples {start}..")
                 optimizer.step(self.params, self.grads)
                 totals["loss"] += value * len(idx)
-                yb = self.backend.asarray(y[idx])
                 for m, f in metric_fns.items():
                     totals[m] += f(y_pred, yb) * len(idx)
                 seen += len(idx)

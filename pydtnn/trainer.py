@@ -102,7 +102,7 @@ class Trainer:
     def train_step(self, indices, epoch, step_sizes):
         b_i = len(indices)
         x, labels = self.dataset.train.take(indices, epoch=epoch)
-        y = one_hot(labels, self.nclasses, self.model.dtype)
+        y = self.model.backend.asarray(one_hot(labels, self.nclasses, self.model.dtype))   # one copy to the device
         step_total = sum(step_sizes)
         weight = b_i / step_total if self.gradient_weighting == "proportional" else 1.0 / self.nreplicas
         self.timer.start_step(b_i)
@@ -117,8 +117,7 @@ class Trainer:
             self.optimizer.step(self.model.params, self.model.grads)
         self.timer.end_step()
         # reported loss and metrics are weighted by b_i whatever the gradient weighting
-        yb = self.model.backend.asarray(y)
-        local = [value] + [f(y_pred, yb) for f in self.metric_fns]
+        local = [value] + [f(y_pred, y) for f in self.metric_fns]
         stats = np.zeros(len(local) + self.nreplicas)
         stats[:len(local)] = np.asarray(local) * (b_i / step_total)
         stats[len(local) + self.rank] = self.timer.step_compute_s / b_i
