@@ -11,7 +11,7 @@ exactly, that images and labels agree in count and that labels are 0..9; anythin
 :class:`~pydtnn.errors.DatasetError` naming the file.
 
 **t10k-only folders.** A folder that holds only the t10k pair (e.g. the real MNIST test set shipped at
-``shared/datasets/mnist-t10k/``) is accepted as a *train* folder: its 10,000 images become the pool from
+``tests/data/mnist-t10k/``) is accepted as a *train* folder: its 10,000 images become the pool from
 which the train split is drawn, and ``validation_split`` carves the held-out part (the LAST fraction,
 deterministically: ``validation_split=0.2`` trains on images 0..7,999 and validates on 8,000..9,999).
 There is then no independent test split (``test`` is None) and ``test_as_validation`` is refused.

@@ -37,7 +37,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCHER = REPO / "scripts" / "pydtnn_benchmark.py"
-DEFAULT_DATA = REPO / ".." / "shared" / "datasets" / "mnist-t10k"
+DEFAULT_DATA = REPO / "tests" / "data" / "mnist-t10k"
 
 
 # ------------------------------------------------------------------------------------------------ MPI

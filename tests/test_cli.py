@@ -87,7 +87,7 @@ def test_corrupt_and_truncated_files(tmp_path):
     assert r.returncode == 2 and "corrupt" in r.stderr and str(bad) in r.stderr
     mnist = tmp_path / "mnist"
     mnist.mkdir()
-    src = os.path.join(REPO, "..", "shared", "datasets", "mnist-t10k", "t10k-images-idx3-ubyte.gz")
+    src = os.path.join(REPO, "tests", "data", "mnist-t10k", "t10k-images-idx3-ubyte.gz")
     (mnist / "t10k-images-idx3-ubyte.gz").write_bytes(open(src, "rb").read()[:5000])
     (mnist / "t10k-labels-idx1-ubyte.gz").write_bytes(
         open(src.replace("images-idx3", "labels-idx1"), "rb").read())

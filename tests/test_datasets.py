@@ -1,7 +1,7 @@
 """Dataset layer: loaders (IDX, CIFAR binary, NPZ shards, synthetic), splits, augmentation, downloads.
 
 Every fixture is generated in a tmp dir; the only real data is the MNIST test set in
-shared/datasets/mnist-t10k. Downloads are tested against a local http.server on 127.0.0.1 (no network).
+tests/data/mnist-t10k (see tests/data/README.md). Downloads are tested against a local http.server on 127.0.0.1 (no network).
 """
 
 from __future__ import annotations
@@ -25,9 +25,7 @@ from pydtnn.datasets.base import ArraySource, Augmentation, hash_uniform
 from pydtnn.errors import ConfigError, DatasetError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MNIST_T10K = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "datasets", "mnist-t10k"))
-if not os.path.isdir(MNIST_T10K):
-    MNIST_T10K = "/work/shared/datasets/mnist-t10k"
+MNIST_T10K = os.path.join(HERE, "data", "mnist-t10k")      # the real MNIST test set, carried by the repository
 
 # Label counts of the 10,000 MNIST test images (the well-known histogram).
 T10K_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
