@@ -120,10 +120,10 @@ def _attempt(url: str, part: str, progress: bool, timeout: float) -> None:
             raise DatasetError(f"{url}: unexpected HTTP status {status}")
         total = have + length if length is not None else None
         got = 0
-        from tqdm import tqdm
-        with open(part, mode) as f, tqdm(total=total, initial=have, unit="B", unit_scale=True,
-                                         unit_divisor=1024, desc=os.path.basename(part[:-5]),
-                                         disable=not progress, leave=False) as bar:
+        from pydtnn.progress import progress as progress_bar
+        bar = progress_bar(total=total, initial=have, unit="B", unit_scale=True, unit_divisor=1024,
+                           desc=os.path.basename(part[:-5]), enabled=progress, leave=False)
+        with open(part, mode) as f:
             try:
                 while True:
                     block = resp.read(CHUNK)
@@ -131,10 +131,14 @@ def _attempt(url: str, part: str, progress: bool, timeout: float) -> None:
                         break
                     f.write(block)
                     got += len(block)
-                    bar.update(len(block))
+                    if bar is not None:
+                        bar.update(len(block))
             except (http.client.IncompleteRead, OSError, http.client.HTTPException) as e:
                 f.flush()
                 raise _Dropped(f"connection lost after {have + got} bytes ({type(e).__name__})") from None
+            finally:
+                if bar is not None:
+                    bar.close()
             f.flush()
             os.fsync(f.fileno())
         if length is not None and got != length:

@@ -171,7 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--emulate_speeds", type=float_list, default=None,
                    help="f1,f2,...: replica i behaves as if its compute ran at f_i/max(f) of its speed (it "
                         "sleeps for the missing time after each step's compute); for experiments on one machine")
-    g.add_argument("--threads_per_replica", type=positive_int, default=None, help="BLAS threads of each replica")
+    g.add_argument("--threads_per_replica", type=positive_int, default=None,
+                   help="BLAS and kernel threads of each replica (default: OMP_NUM_THREADS if set, else the "
+                        "node's cores divided by the ranks on the node)")
     g.add_argument("--enable_gpu", type=B, default=False, help="run on the GPU backend (CuPy + cuDNN)")
     g.add_argument("--devices", default=None,
                    help="one device kind per replica, e.g. gpu,cpu,cpu: a mixed job whose replicas reduce through "
@@ -204,16 +206,17 @@ def _print_params(p, comm_size):
 
 def run(p):
     """Everything after parsing. Raises PyDTNNError for the user's mistakes."""
+    from pydtnn.parallel import launcher
     from pydtnn.parallel.comm import make_comm
     if p.enable_nccl and p.parallel != "data":
         raise ConfigError("--enable_nccl needs --parallel data")
     comm = make_comm("auto") if p.parallel == "data" else make_comm("serial")
-    if p.parallel == "sequential" and _launched_with_many_processes():
+    if p.parallel == "sequential" and launcher.launched_with_many_processes():
         raise ConfigError("several MPI processes with --parallel sequential would train independent copies; "
                           "use --parallel data")
-    if p.threads_per_replica:
-        from threadpoolctl import threadpool_limits
-        threadpool_limits(p.threads_per_replica)
+    from pydtnn.parallel.threads import apply_threads
+    threads, threads_why = apply_threads(p.threads_per_replica, comm)
+    threads_all = [int(t) for t in comm.allgather(float(threads))]
 
     import numpy as np
     np.seterr(all="ignore")        # overflow on the way to a NaN loss is reported once, by the trainer
@@ -327,6 +330,7 @@ def run(p):
     if rank == 0:
         _print_params(p, P)
         print(model.summary())
+        print(f"threads per replica: {', '.join(map(str, threads_all))} ({threads_why})")
         if "gpu" in devices:
             print(f"GPU float32 precision: {p.precision}" + (" (TF32 tensor cores)" if p.precision == "tf32"
                                                               else " (strict, no TF32)"))
@@ -411,52 +415,17 @@ def _print_eval(trainer, split, what, rank):
         print(f"{what}: " + ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
 
 
-def _launched_with_many_processes():
-    for key in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
-        if key in os.environ and os.environ[key].isdigit() and int(os.environ[key]) > 1:
-            return True
-    return False
-
-
-def _exit_with_error(message):
-    """Print one line and exit 2 on every rank; never hang, and no MPI abort banner when all ranks agree.
-
-    A user's mistake is usually seen by every rank at once (flags, shared files, a NaN in the reduced
-    loss): then all ranks meet at a non-blocking barrier, rank 0 prints, and the job ends with status 2. If some
-    rank does not arrive within a few seconds, the error was local: that rank prints and aborts the job.
-    """
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
-        print(f"pydtnn: error: {message}", file=sys.stderr)
-        sys.stderr.flush()
-        sys.exit(2)
-    comm = mpi.COMM_WORLD
-    request = comm.Ibarrier()
-    deadline = time.monotonic() + float(os.environ.get("PYDTNN_ERROR_SYNC_S", "10"))
-    while not request.Test():
-        if time.monotonic() > deadline:
-            print(f"pydtnn: error (rank {comm.Get_rank()}): {message}", file=sys.stderr)
-            sys.stderr.flush()
-            comm.Abort(2)
-        time.sleep(0.005)
-    if comm.Get_rank() == 0:
-        print(f"pydtnn: error: {message}", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    comm.Barrier()
-    # All ranks agreed, so end the job with status 2 at once. MPI_Abort makes the launcher return that
-    # status on every MPI (separate exits race with its clean-up); its banner adds nothing to our line.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    comm.Abort(2)
-
-
 def main(argv=None) -> int:
+    from pydtnn.parallel import shutdown
+    getattr(sys.stdout, "reconfigure", lambda **kw: None)(line_buffering=True)   # a log file or a launcher's pipe gets whole lines, in order
     try:
         p = parse_args(argv)
         return run(p)
     except PyDTNNError as e:
-        _exit_with_error(e)
+        shutdown.exit_on_user_error(e)
     except KeyboardInterrupt:
         print("pydtnn: interrupted", file=sys.stderr)
         sys.exit(130)
+    except Exception:
+        shutdown.abort_on_bug()
+        raise

@@ -29,6 +29,7 @@ from pydtnn.metrics import get_metric
 from pydtnn.model import one_hot
 from pydtnn.parallel import balance
 from pydtnn.parallel.comm import BucketedReducer, SerialComm
+from pydtnn.progress import progress
 from pydtnn.trace import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
 
 
@@ -63,7 +64,8 @@ class Trainer:
         self.history_file = history_file
         self.progress = progress and self.rank == 0
         self.eval_batch_size = eval_batch_size or max(self.sizes)
-        self.log = log or (lambda msg: print(msg, file=sys.stderr) if self.rank == 0 else None)
+        # what a person reads (epoch lines, per-replica tables) goes to stdout, in order with the rest
+        self.log = log or (lambda msg: print(msg, flush=True) if self.rank == 0 else None)
         self.flags = flags or {}
         self.nclasses = model.output_shape[0]
         self.stop_training = False
@@ -155,11 +157,8 @@ class Trainer:
         sums = np.zeros(1 + len(self.metric_fns))
         samples = 0
         t0 = time.perf_counter()
-        bar = None
-        if self.progress:
-            from tqdm import tqdm
-            bar = tqdm(total=self.steps_per_epoch, desc=f"epoch {epoch + 1}/{num_epochs}", unit="step",
-                       dynamic_ncols=True, leave=True, file=sys.stderr)
+        bar = progress(total=self.steps_per_epoch, desc=f"epoch {epoch + 1}/{num_epochs}", unit="step",
+                       enabled=self.progress, leave=True)
         for step in range(self.steps_per_epoch):
             global_step = epoch * self.steps_per_epoch + step
             for s in self.schedulers:

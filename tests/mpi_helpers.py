@@ -6,6 +6,7 @@ whole job instead of leaving the others hanging in a collective.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,11 +38,11 @@ def mpi_command(nprocs: int, script_path, args=()) -> list[str]:
 
 
 def run_mpi(nprocs: int, script_path, args=(), timeout: float = 120, env: dict | None = None,
-            check: bool = False) -> subprocess.CompletedProcess:
+            check: bool = False, unset=()) -> subprocess.CompletedProcess:
     """Run ``script_path`` on ``nprocs`` MPI processes; returns the CompletedProcess (text stdout/stderr).
 
     Children get OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS = 1 unless ``env`` says
-    otherwise, and the repository on PYTHONPATH. On timeout the whole process group is killed and the
+    otherwise (``unset`` removes variables), and the repository on PYTHONPATH. On timeout the whole process group is killed and the
     test fails with the captured output; with ``check=True`` a non-zero exit status fails it too.
     """
     script_path = Path(script_path)
@@ -55,6 +56,8 @@ def run_mpi(nprocs: int, script_path, args=(), timeout: float = 120, env: dict |
     child_env["PYTHONUNBUFFERED"] = "1"
     if env:
         child_env.update({k: str(v) for k, v in env.items()})
+    for var in unset:
+        child_env.pop(var, None)
     cmd = mpi_command(nprocs, script_path, args)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env,
@@ -154,3 +157,20 @@ def processes_with(token: str) -> list[int]:
             except OSError:
                 pass
     return found
+
+
+# prterun (Open MPI 5) adds this notice whenever a process exits with a non-zero status; no process can
+# turn it off (the launcher's state_base_error_non_zero_exit=0 would also make the job's status 0).
+PRTERUN_NONZERO_EXIT = re.compile(
+    r"-{20,}\n+prterun detected that one or more processes exited with non-zero status,\n"
+    r"thus causing the job to be terminated\. The first process to do so was:\n+"
+    r" +Process name: \[[^\]\n]+\]\n +Exit code: +2\n-{20,}\n?")
+
+
+def output_of_our_processes(result: subprocess.CompletedProcess) -> list[str]:
+    """The non-empty lines of a job's stdout and stderr, less Open MPI's fixed non-zero-exit notice
+    (removed once, and only under Open MPI); any other launcher output, an abort banner say, stays."""
+    text = result.stdout + result.stderr
+    if is_open_mpi(result.args[0]):
+        text = PRTERUN_NONZERO_EXIT.sub("", text, count=1)
+    return [line for line in text.splitlines() if line.strip()]

@@ -116,6 +116,7 @@ def test_chrome_trace_one_pid_per_rank():
 
 # ---------------------------------------------------------------------------------- launcher helper
 
+@pytest.mark.mpi
 def test_mpi_command_shape():
     cmd = mpi_command(3, "x.py", ["a", 1])
     assert os.path.basename(cmd[0]) in ("mpiexec", "mpirun")
@@ -123,6 +124,7 @@ def test_mpi_command_shape():
     assert cmd[i + 1] == "3" and cmd[i + 2:] == [sys.executable, "-m", "mpi4py", "x.py", "a", "1"]
 
 
+@pytest.mark.mpi
 def test_run_mpi_timeout_kills_the_job_and_fails():
     token = f"hang-token-{os.getpid()}"
     with pytest.raises(pytest.fail.Exception, match="timed out") as info:
@@ -133,6 +135,7 @@ def test_run_mpi_timeout_kills_the_job_and_fails():
 
 # -------------------------------------------------------------------------------------- real MPI
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_mpi_collectives(nprocs):
     res = run_mpi(nprocs, SCRIPTS / "comm_ops.py", timeout=120)
@@ -141,6 +144,7 @@ def test_mpi_collectives(nprocs):
         assert f"OK rank {r} of {nprocs}" in res.stdout, describe(res)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_mpi_probe_sharding_and_trace(nprocs, tmp_path):
     path = tmp_path / "trace.json"
@@ -151,6 +155,7 @@ def test_mpi_probe_sharding_and_trace(nprocs, tmp_path):
     assert {e["pid"] for e in doc["traceEvents"]} == set(range(nprocs))
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs,mode", [(2, "exit"), (3, "sigkill"), (3, "raise")])
 def test_dead_rank_ends_the_job(nprocs, mode):
     res = run_mpi(nprocs, SCRIPTS / "die_in_collective.py", [mode], timeout=60)
@@ -160,6 +165,7 @@ def test_dead_rank_ends_the_job(nprocs, mode):
     assert res.stdout.count("ready") == nprocs, describe(res)
 
 
+@pytest.mark.mpi
 def test_nan_on_one_rank_stops_all_ranks_together():
     res = run_mpi(3, SCRIPTS / "nan_stop.py", [1, 4], timeout=60)
     assert res.returncode == 2, describe(res)

@@ -15,10 +15,12 @@ import re
 import sys
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mpi_helpers import REPO_ROOT, describe, run_mpi  # noqa: E402
 
+pytestmark = pytest.mark.mpi
 LAUNCHER = REPO_ROOT / "scripts" / "pydtnn_benchmark.py"
 BASE = ["--model", "simplecnn", "--dataset", "synthetic", "--parallel", "data", "--lr_schedulers", "",
         "--progress_bar", "false", "--threads_per_replica", "1", "--seed", "1"]

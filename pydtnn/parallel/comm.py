@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import Sequence
 
 import numpy as np
 
 from pydtnn.errors import ConfigError
+from pydtnn.parallel import launcher
 
 __all__ = ["Communicator", "SerialComm", "MPIComm", "BucketedReducer", "make_comm", "to_host", "from_host",
            "COMM_KINDS", "DEFAULT_BUCKET_BYTES"]
@@ -199,7 +201,14 @@ class MPIComm(Communicator):
     kind = "mpi"
 
     def __init__(self, mpi_comm=None):
-        from mpi4py import MPI
+        try:
+            with warnings.catch_warnings():
+                # mpi4py's own multi-line warning about another MPI's launcher; `make_comm` says it in one
+                warnings.filterwarnings("ignore", message="suspicious MPI execution environment")
+                from mpi4py import MPI
+        except (ImportError, RuntimeError, OSError) as e:      # mpi4py found no MPI library to load
+            raise ConfigError(f"mpi4py cannot load an MPI library ({e}): load your cluster's MPI, or install "
+                              f"one from PyPI with pip install 'pydtnn[mpich]'") from None
         self.MPI = MPI
         self.comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
         self._rank = self.comm.Get_rank()
@@ -290,6 +299,10 @@ class MPIComm(Communicator):
     def gather_object(self, obj, root: int = 0):
         return self.comm.gather(obj, root=root)
 
+    def library(self) -> str:
+        """The first line of the MPI library's version string (which MPI mpi4py loaded)."""
+        return self.MPI.Get_library_version().strip().splitlines()[0]
+
 
 def _make_nccl(**kwargs):
     # Imported here: a CPU-only install never imports CuPy. NCCLComm raises a one-line ConfigError where
@@ -298,17 +311,16 @@ def _make_nccl(**kwargs):
     return NCCLComm(**kwargs)
 
 
-def _launched_by_mpi() -> bool:
-    keys = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
-            "MPI_LOCALNRANKS", "HYDI_CONTROL_FD")
-    return any(k in os.environ for k in keys)
-
-
 def _make_auto(**kwargs):
     # Under an MPI launcher, or when mpi4py was already initialized by the caller, use MPI if there is
     # more than one process; a plain `python script.py` never initializes MPI.
-    if _launched_by_mpi() or "mpi4py.MPI" in sys.modules:
+    if launcher.launched_by_mpi() or "mpi4py.MPI" in sys.modules:
         comm = MPIComm(**kwargs)
+        expected = launcher.launcher_size()
+        if comm.size == 1 and (expected or 1) > 1:
+            raise ConfigError(f"the launcher started {expected} processes but mpi4py sees a world of 1 "
+                              f"({comm.library()}): mpiexec and mpi4py use different MPIs; launch with the "
+                              f"mpiexec of the MPI that mpi4py loads")
         if comm.size > 1:
             return comm
     return SerialComm()
