@@ -27,7 +27,29 @@ def test_every_layer_documented():
     assert len(names) == 15 and not missing, missing
 
 
-def test_ci_runs_the_readme_test_command():
+def test_ci_runs_the_readme_commands():
     ci = open(os.path.join(REPO, ".ci", "run")).read()
-    assert "python -m pytest -q" in README and ci.strip().endswith("python -m pytest -q")
-    assert 'pip install -e ".[test]"' in README and '-e ".[test]"' in ci
+    commands = [l for l in README.split("```bash\n")[1:4]]
+    setup, tests, openmpi = (c.split("\n```")[0].strip() for c in commands)
+    assert 'pip install -e ".[mpich,test]"' in setup and setup.endswith("python scripts/pydtnn_benchmark.py")
+    assert tests == "python -m pytest -q" and openmpi.endswith("python -m pytest -q -m mpi")
+    lines = [l.strip() for l in ci.splitlines()]
+    assert setup in lines and tests in lines and lines[-1] == openmpi
+
+
+def test_no_file_reads_outside_the_repository():
+    """A user's clone has no ../shared and none of our machines' paths: nothing tracked may name them."""
+    import subprocess
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    if not files:                                   # not a git checkout (an sdist): walk the tree instead
+        files = [os.path.relpath(os.path.join(d, f), REPO) for d, _, fs in os.walk(REPO) for f in fs
+                 if ".venv" not in d and ".git" not in d]
+    bad = []
+    for name in files:
+        if name.endswith((".gz", ".png", ".npz")) or name == "tests/test_readme.py":
+            continue
+        text = open(os.path.join(REPO, name), errors="replace").read()
+        for needle in ("../shared", "shared/datasets", "/work/", "/home/", "/root/"):
+            if needle in text:
+                bad.append(f"{name}: {needle}")
+    assert not bad, bad
