@@ -4,7 +4,8 @@
     mpiexec -n 3 python -m mpi4py scripts/pydtnn_benchmark.py --parallel data --global_batch_size 96 \
         --balance static --replica_speeds 1,2,3 ...
 
-A user's mistake prints one line (`pydtnn: error: ...`) on rank 0 and every rank exits with status 2.
+A user's mistake prints one line (`pydtnn: error: ...`) on rank 0 and every rank exits with status 2
+(`pydtnn.parallel.shutdown`).
 """
 from __future__ import annotations
 
@@ -188,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tracing", type=B, default=False, help="record a per-replica timeline")
     g.add_argument("--tracer_output", default="", help="Chrome-trace JSON file of the timeline (default trace.json)")
     g.add_argument("--profile", type=B, default=False, help="cProfile of rank 0's training, printed at the end")
-    g.add_argument("--progress_bar", type=B, default=True, help="tqdm progress bar on rank 0")
+    g.add_argument("--progress_bar", type=B, default=True,
+                   help="progress on rank 0's stderr: a tqdm bar on a terminal, else a plain line every 10 s")
     return p
 
 
@@ -417,7 +419,8 @@ def _print_eval(trainer, split, what, rank):
 
 def main(argv=None) -> int:
     from pydtnn.parallel import shutdown
-    getattr(sys.stdout, "reconfigure", lambda **kw: None)(line_buffering=True)   # a log file or a launcher's pipe gets whole lines, in order
+    # a log file or a launcher's pipe gets whole lines, in order, as they happen
+    getattr(sys.stdout, "reconfigure", lambda **kw: None)(line_buffering=True)
     try:
         p = parse_args(argv)
         return run(p)
