@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "flags; it may come from another number of replicas")
     g.add_argument("--checkpoint_dir", default="checkpoints",
                    help="where model_checkpoint, step checkpoints and the SIGTERM/SIGUSR1 checkpoint write "
-                        "(created when needed)")
+                        "(created by the first checkpoint)")
 
     g = p.add_argument_group("dataset")
     g.add_argument("--dataset", dest="dataset_name", default="synthetic",
@@ -417,10 +417,8 @@ def _check_outputs(p, comm):
             check_output_file(p.save_weights_and_bias_filename, "--save_weights_and_bias_filename")
             if p.tracing:
                 check_output_file(p.tracer_output or "trace.json", "--tracer_output")
-            # created when something is sure to write there; else only checked (a signal may write there)
-            writes = ("model_checkpoint" in p.lr_schedulers_names or p.model_checkpoint_save_steps > 0
-                      or p.model_checkpoint_save_minutes > 0)
-            check_output_dir(p.checkpoint_dir, "--checkpoint_dir", create=writes and not p.evaluate_only)
+            # only checked: it is created by the first checkpoint (a run that writes none leaves no folder)
+            check_output_dir(p.checkpoint_dir, "--checkpoint_dir", create=False)
         except OutputError as e:
             error = e
     if comm.size > 1 and comm.any_true(error is not None) and error is None:
