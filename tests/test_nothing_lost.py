@@ -419,3 +419,49 @@ def test_bad_hyper_parameters_one_line(case, tmp_path):
     args, needle = BAD_FLAGS[case]
     line = one_line(launch(*HP, *args, cwd=tmp_path), needle)
     assert line.startswith("pydtnn: error:") and os.listdir(tmp_path) == []
+
+
+def test_timed_checkpoints_follow_rank0s_clock(tmp_path):
+    """--model_checkpoint_save_minutes, with a clock that advances 25 s per step: one checkpoint every 3 steps."""
+    from pydtnn.datasets import load_dataset
+    from pydtnn.model import Model
+    from pydtnn.models import build_model
+    from pydtnn.optimizers import SGD
+    from pydtnn.trainer import Trainer
+    model = Model(backend="cpu", seed=0)
+    build_model("simplemlp", model)
+    data = load_dataset("synthetic", input_shape=model.input_shape, nclasses=10, synthetic_samples=256, seed=0)
+    now = [0.0]
+    trainer = Trainer(model, data, SGD(learning_rate=0.01), global_batch=32, progress=False, log=lambda m: None,
+                      checkpoint_dir=str(tmp_path), save_minutes=1.0, clock=lambda: now[0])
+    step = trainer.train_step
+
+    def timed_step(*a):
+        now[0] += 25.0
+        return step(*a)
+    trainer.train_step = timed_step
+    written = []
+    save = trainer.save_checkpoint
+    trainer.save_checkpoint = lambda path, epoch, **k: (written.append((os.path.basename(path))), save(path, epoch, **k))
+    trainer.fit(2)                    # 8 steps per epoch: due after steps 3, 6, 9, 12, 15 (75 s >= 60 s each time)
+    assert written == ["epoch_0000_step_000003.npz", "epoch_0000_step_000006.npz", "epoch_0001_step_000001.npz",
+                       "epoch_0001_step_000004.npz", "epoch_0001_step_000007.npz"]
+    assert sorted(os.listdir(tmp_path)) == ["epoch_0001_step_000007.npz"]
+    assert meta_of(tmp_path / "epoch_0001_step_000007.npz")["partial_epoch"]["samples"] == 7 * 32
+
+
+def test_model_checkpoint_saves_after_updating_best():
+    from pydtnn.schedulers import ModelCheckpoint
+
+    class Recorder:
+        def __init__(self, s):
+            self.s, self.saved = s, []
+
+        def save_checkpoint(self, path, epoch):
+            self.saved.append((os.path.basename(path), self.s.best))
+    s = ModelCheckpoint("val_loss", save_freq=1)
+    t = Recorder(s)
+    for epoch, v in enumerate([1.0, 0.5, 0.7]):
+        s.on_epoch_end(t, epoch, {"val_loss": v})
+    assert t.saved == [("epoch_0001.npz", 1.0), ("best.npz", 1.0), ("epoch_0002.npz", 0.5), ("best.npz", 0.5),
+                       ("epoch_0003.npz", 0.5)]
