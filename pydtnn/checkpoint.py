@@ -12,40 +12,22 @@ mid-write leaves the previous file intact.
 from __future__ import annotations
 
 import json
+import math
 import os
-import tempfile
 import zipfile
 
 import numpy as np
 
 from pydtnn.errors import CheckpointError
+from pydtnn.outputs import atomic_write
 
 META_KEY = "__meta__"
 FORMAT = "pydtnn-checkpoint-1"
 
 
 def atomic_savez(path: str, arrays: dict) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=folder)
-    except OSError as e:
-        raise CheckpointError(f"cannot write {path}: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(folder, os.O_RDONLY)       # make the rename itself durable
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """NPZ through `outputs.atomic_write` (fsynced temporary file, renamed; umask permissions)."""
+    atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
 def read_npz(path: str, what="file") -> dict:
@@ -92,9 +74,8 @@ def load_checkpoint(path: str, model, optimizer) -> dict:
         meta = json.loads(arrays.pop(META_KEY).tobytes().decode())
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise CheckpointError(f"checkpoint {path}: its metadata is corrupt") from None
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path}: unknown format {meta.get('format')!r}")
-    if meta.get("optimizer_name") != optimizer.name:
+    validate_meta(meta, path)
+    if meta["optimizer_name"] != optimizer.name:
         raise CheckpointError(f"checkpoint {path} was written with optimizer {meta.get('optimizer_name')}, "
                               f"not {optimizer.name}")
     opt_arrays = {k.split("/", 1)[1]: arrays.pop(k) for k in list(arrays) if k.startswith("optimizer/")}
@@ -106,3 +87,75 @@ def load_checkpoint(path: str, model, optimizer) -> dict:
                                   f"({model.nparams},)")
     optimizer.load_state_dict(state, model.xp)
     return meta
+
+
+# --- metadata validation: every field the trainer reads, checked before anything is restored ----------
+
+def _is_int(v, minimum=0):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+
+
+def _is_num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check(ok, path, field, expected, value):
+    if not ok:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise CheckpointError(f"checkpoint {path}: metadata field {field!r} must be {expected}, got {shown}")
+
+
+_MISSING = object()
+
+
+def validate_meta(meta, path) -> None:
+    """Raise CheckpointError naming the first field that is missing or of the wrong type or range."""
+    _check(isinstance(meta, dict), path, "(top level)", "a JSON object", meta)
+    get = lambda k: meta.get(k, _MISSING)
+    if get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path}: unknown format {meta.get('format')!r} (expected {FORMAT})")
+    for key, ok, expected in (
+            ("epoch", _is_int, "an integer >= 0"),
+            ("step", _is_int, "an integer >= 0"),
+            ("nreplicas", lambda v: _is_int(v, 1), "an integer >= 1"),
+            ("seed", _is_int, "an integer >= 0"),
+            ("nparams", _is_int, "an integer >= 0"),
+            ("optimizer_name", lambda v: isinstance(v, str), "a string"),
+            ("history", lambda v: isinstance(v, list) and all(isinstance(r, dict) for r in v), "a list of objects"),
+            ("flags", lambda v: isinstance(v, dict), "an object"),
+            ("optimizer", lambda v: isinstance(v, dict), "an object")):
+        _check(ok(get(key)), path, key, expected, get(key))
+    n = meta["nreplicas"]
+    sizes, rngs = get("sizes"), get("rng_states")
+    _check(isinstance(sizes, list) and len(sizes) == n and all(_is_int(s, 1) for s in sizes), path, "sizes",
+           f"a list of {n} integers >= 1", sizes)
+    _check(isinstance(rngs, list) and len(rngs) == n and all(r is None or isinstance(r, dict) for r in rngs),
+           path, "rng_states", f"a list of {n} objects", rngs)
+    opt = meta["optimizer"]
+    _check(_is_num(opt.get("learning_rate")) and opt.get("learning_rate") > 0, path, "optimizer.learning_rate",
+           "a finite number > 0", opt.get("learning_rate"))
+    _check(_is_int(opt.get("iterations")), path, "optimizer.iterations", "an integer >= 0", opt.get("iterations"))
+    scheds = get("schedulers")
+    _check(isinstance(scheds, list) and all(isinstance(s, list) and len(s) == 2 and isinstance(s[0], str)
+                                            and isinstance(s[1], dict) for s in scheds),
+           path, "schedulers", "a list of [name, object] pairs", scheds)
+    bal = get("balancer")
+    if bal is not None:
+        _check(isinstance(bal, dict), path, "balancer", "null or an object", bal)
+        for key in ("sizes", "ema", "window_sum"):
+            v = bal.get(key)
+            _check(isinstance(v, list) and all(_is_num(x) for x in v), path, f"balancer.{key}", "a list of numbers", v)
+        for key in ("window_n", "n_observed", "n_rebalances"):
+            _check(_is_int(bal.get(key)), path, f"balancer.{key}", "an integer >= 0", bal.get(key))
+    if meta["step"] > 0:                              # written inside an epoch: the partial epoch's sums
+        part = get("partial_epoch")
+        _check(isinstance(part, dict), path, "partial_epoch", "an object (the checkpoint is mid-epoch)", part)
+        for key in ("global_batch", "steps_per_epoch", "train_samples"):
+            _check(_is_int(part.get(key), 1), path, f"partial_epoch.{key}", "an integer >= 1", part.get(key))
+        _check(_is_int(part.get("samples")), path, "partial_epoch.samples", "an integer >= 0", part.get("samples"))
+        sums = part.get("sums")
+        _check(isinstance(sums, list) and sums and all(_is_num(x) for x in sums), path, "partial_epoch.sums",
+               "a non-empty list of numbers", sums)
+        _check(meta["step"] < part["steps_per_epoch"], path, "step",
+               f"below partial_epoch.steps_per_epoch ({part['steps_per_epoch']})", meta["step"])

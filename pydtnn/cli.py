@@ -6,6 +6,8 @@
 
 A user's mistake prints one line (`pydtnn: error: ...`) on rank 0 and every rank exits with status 2
 (`pydtnn.parallel.shutdown`).
+Exit statuses: 0 done; 2 a user's mistake or an output that cannot be written; 3 stopped by SIGTERM or
+SIGUSR1 after writing a full checkpoint (continue with --resume); 130 interrupted (Ctrl-C).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import time
 from pydtnn.errors import ConfigError, PyDTNNError
 
 TRUE, FALSE = ("true", "1", "yes", "y", "on"), ("false", "0", "no", "n", "off")
+EXIT_PREEMPTED = 3
 
 
 def boolean(value: str) -> bool:
@@ -41,6 +44,13 @@ def nonneg_int(value):
     v = int(value)
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return v
+
+
+def nonneg_float(value):
+    v = float(value)
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {value}")
     return v
 
 
@@ -98,9 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tensor_format", default="AUTO", type=str.upper, choices=["NHWC", "NCHW", "AUTO"],
                    help="accepted for compatibility: each backend keeps its fastest layout internally "
                         "(CPU NHWC, GPU NCHW); users always see NCHW")
-    g.add_argument("--seed", type=int, default=0, help="fixes every random choice (weights, order, dropout, augmentation)")
-    g.add_argument("--resume", default=None, help="resume from a full checkpoint written by model_checkpoint")
-    g.add_argument("--checkpoint_dir", default="checkpoints", help="where model_checkpoint writes")
+    g.add_argument("--seed", type=nonneg_int, default=0, help="fixes every random choice (weights, order, dropout, augmentation)")
+    g.add_argument("--resume", default=None,
+                   help="resume from a full checkpoint (model_checkpoint, step or preemption checkpoints): state "
+                        "(counters, best values, learning rate, RNG, split) comes from it, configuration from the "
+                        "flags; it may come from another number of replicas")
+    g.add_argument("--checkpoint_dir", default="checkpoints",
+                   help="where model_checkpoint, step checkpoints and the SIGTERM/SIGUSR1 checkpoint write "
+                        "(created by the first checkpoint)")
 
     g = p.add_argument_group("dataset")
     g.add_argument("--dataset", dest="dataset_name", default="synthetic",
@@ -157,6 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop_at_loss_threshold", type=finite_float, default=0.0)
     g.add_argument("--model_checkpoint_metric", default="val_categorical_cross_entropy")
     g.add_argument("--model_checkpoint_save_freq", type=positive_int, default=2, help="epochs")
+    g.add_argument("--model_checkpoint_save_steps", type=nonneg_int, default=0,
+                   help="also write a full checkpoint every N global steps, inside epochs (0 = off; only the "
+                        "newest one is kept, as epoch_EEEE_step_SSSSSS.npz in --checkpoint_dir)")
+    g.add_argument("--model_checkpoint_save_minutes", type=nonneg_float, default=0.0,
+                   help="also write such a checkpoint every M minutes of training, by rank 0's clock (0 = off)")
 
     g = p.add_argument_group("parallelism and heterogeneity")
     g.add_argument("--parallel", default="sequential", choices=["sequential", "data"])
@@ -220,6 +240,8 @@ def run(p):
     threads, threads_why = apply_threads(p.threads_per_replica, comm)
     threads_all = [int(t) for t in comm.allgather(float(threads))]
 
+    _check_outputs(p, comm)
+
     import numpy as np
     np.seterr(all="ignore")        # overflow on the way to a NaN loss is reported once, by the trainer
     from pydtnn.datasets import KNOWN_SHAPES, load_dataset
@@ -249,6 +271,8 @@ def run(p):
     model = Model(backend=get_backend(backend, p.dtype, p.seed, **options), seed=p.seed)
     model.backend.seed(p.seed * 1000003 + rank)          # dropout: an independent stream per replica
 
+    if (p.model_name.endswith(".py") or os.sep in p.model_name) and not os.path.isfile(p.model_name):
+        raise ConfigError(f"--model {p.model_name}: no such file")
     synthetic = p.dataset_name == "synthetic" or p.use_synthetic_data
     if synthetic:
         if p.dataset_name != "synthetic":
@@ -258,6 +282,10 @@ def run(p):
         else:
             shape, ncls = default_input_shape(p.model_name), None
         build_model(p.model_name, model, nclasses=ncls, input_shape=shape)
+        if p.synthetic_samples:
+            from pydtnn.limits import check_fits, dataset_bytes
+            check_fits(dataset_bytes(p.synthetic_samples, model.input_shape),
+                       f"--synthetic_samples {p.synthetic_samples}", "lower --synthetic_samples")
         dataset = load_dataset("synthetic", input_shape=model.input_shape, nclasses=model.output_shape[0],
                                synthetic_samples=p.synthetic_samples, seed=p.seed,
                                validation_split=p.validation_split, test_as_validation=p.test_as_validation,
@@ -295,6 +323,7 @@ def run(p):
     else:
         B = p.global_batch_size or p.batch_size
         sizes = [B]
+    _check_batch_fits(model, sizes, len(dataset.train), p)
     emulate = 1.0
     if p.emulate_speeds:
         if len(p.emulate_speeds) != P:
@@ -309,6 +338,8 @@ def run(p):
     metrics = [m.strip() for m in p.metrics.split(",") if m.strip()]
     has_val = dataset.val is not None
     schedulers = make_schedulers(p.lr_schedulers_names, p)
+    from pydtnn.schedulers import check_metrics
+    check_metrics(schedulers, {"loss", *metrics}, has_val)
     if not has_val:
         metric_driven = [s for s in schedulers if getattr(s, "metric", "").startswith("val_")
                          and s.name != "model_checkpoint"]
@@ -320,13 +351,16 @@ def run(p):
                       rebalance_interval=p.rebalance_interval, emulate_speed=emulate,
                       non_blocking=p.non_blocking_mpi, steps_per_epoch=p.steps_per_epoch, seed=p.seed,
                       schedulers=schedulers, history_file=p.history_file, progress=p.progress_bar,
-                      tracer_output=tracer_output, flags=vars(p))
+                      tracer_output=tracer_output, flags=vars(p), checkpoint_dir=p.checkpoint_dir,
+                      save_steps=p.model_checkpoint_save_steps, save_minutes=p.model_checkpoint_save_minutes,
+                      handle_signals=True)
     if p.weights_and_bias_filename:
         from pydtnn.checkpoint import load_weights
         load_weights(p.weights_and_bias_filename, model)
     if p.resume:
-        trainer.resume(p.resume)
-    if p.parallel == "data" and p.balance == "static" and not p.replica_speeds:
+        # a measured split (probe or dynamic) continues from the checkpoint; one given by flags is the flags'
+        trainer.resume(p.resume, keep_split=p.balance == "dynamic" or (p.balance == "static" and not p.replica_speeds))
+    if p.parallel == "data" and p.balance == "static" and not p.replica_speeds and not trainer.restored_split:
         trainer.sizes = _probe_sizes(trainer, B, P)
 
     if rank == 0:
@@ -349,24 +383,87 @@ def run(p):
         return 0
     if p.evaluate_on_train and test is not None:
         _print_eval(trainer, test, "test before training", rank)
-    if p.profile and rank == 0:
-        import cProfile
-        import pstats
-        profiler = cProfile.Profile()
-        profiler.runcall(trainer.fit, p.num_epochs)
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
-    else:
-        trainer.fit(p.num_epochs)
+    from pydtnn.errors import OutputError
+    from pydtnn.trainer import Preempted
+    try:
+        if p.profile and rank == 0:
+            import cProfile
+            import pstats
+            profiler = cProfile.Profile()
+            profiler.runcall(trainer.fit, p.num_epochs)
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+        else:
+            trainer.fit(p.num_epochs)
+    except Preempted as e:                 # every rank stopped after the same step (agreed in the step's allreduce)
+        from pydtnn.parallel import shutdown
+        shutdown.end_job(EXIT_PREEMPTED, f"pydtnn: {e}")
+    except OutputError:
+        if trainer.finished:        # only the trace failed: the trained weights are still saved
+            _save_final_weights(p, model, comm)
+        raise
     if p.evaluate_on_train and test is not None:
         _print_eval(trainer, test, "test after training", rank)
-    if p.save_weights_and_bias_filename and rank == 0:
-        from pydtnn.checkpoint import save_weights
-        save_weights(p.save_weights_and_bias_filename, model)
+    _save_final_weights(p, model, comm)
     if rank == 0:
         for line in trainer.report():
             print(line)
     comm.barrier()
     return 0
+
+
+def _check_outputs(p, comm):
+    """Every output path is writable before any work (rank 0, which writes them, checks; all ranks agree)."""
+    from pydtnn.errors import OutputError
+    from pydtnn.outputs import check_output_dir, check_output_file
+    error = None
+    if comm.rank == 0:
+        try:
+            check_output_file(p.history_file, "--history_file")
+            check_output_file(p.save_weights_and_bias_filename, "--save_weights_and_bias_filename")
+            if p.tracing:
+                check_output_file(p.tracer_output or "trace.json", "--tracer_output")
+            # only checked: it is created by the first checkpoint (a run that writes none leaves no folder)
+            check_output_dir(p.checkpoint_dir, "--checkpoint_dir", create=False)
+        except OutputError as e:
+            error = e
+    if comm.size > 1 and comm.any_true(error is not None) and error is None:
+        raise OutputError("rank 0 cannot write an output path")
+    if error is not None:
+        raise error
+
+
+def _check_batch_fits(model, sizes, ntrain, p):
+    """A local batch whose activations cannot fit in this machine's memory is refused before allocating."""
+    from pydtnn.limits import activation_bytes, check_fits
+    local = max(sizes) if p.steps_per_epoch > 0 else min(max(sizes), ntrain)   # a full pass never exceeds N
+    flag = "--global_batch_size" if p.global_batch_size else "--batch_size"
+    check_fits(activation_bytes(model, local), f"a local batch of {local} samples of {p.model_name}",
+               f"lower {flag}")
+
+
+def _save_final_weights(p, model, comm):
+    """Rank 0 writes the final weights; if that fails, it tries the checkpoint folder, and says where."""
+    from pydtnn.checkpoint import save_weights
+    from pydtnn.errors import OutputError
+    if not p.save_weights_and_bias_filename:
+        return
+    error = None
+    if comm.rank == 0:
+        try:
+            save_weights(p.save_weights_and_bias_filename, model)
+        except OutputError as e:
+            fallback = os.path.join(p.checkpoint_dir, "final_weights.npz")
+            try:
+                os.makedirs(p.checkpoint_dir, exist_ok=True)
+                save_weights(fallback, model)
+                error = OutputError(f"{e}; the trained weights were saved to {fallback} instead")
+            except (OutputError, OSError) as e2:
+                error = OutputError(f"{e}; saving them to {fallback} failed too ({e2}): the trained weights "
+                                    f"are lost")
+    if comm.size > 1 and comm.any_true(error is not None) and error is None:
+        raise OutputError("rank 0 could not write the final weights")
+    if error is not None:
+        raise error
 
 
 def _download_on_rank0(p, comm):

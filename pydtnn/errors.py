@@ -28,3 +28,7 @@ class CheckpointError(PyDTNNError):
 
 class NumericalError(PyDTNNError):
     """Training diverged: the loss became NaN or infinite."""
+
+
+class OutputError(PyDTNNError):
+    """An output file or folder cannot be written (the message names it and the cause)."""

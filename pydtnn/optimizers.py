@@ -8,15 +8,26 @@ from pydtnn.backends import array_module
 from pydtnn.errors import ConfigError
 
 
+def _check_unit(name, what, value):
+    """Decay rates of moving averages: in [0, 1) (1 would never move, > 1 diverges)."""
+    if not 0 <= value < 1:
+        raise ConfigError(f"{name}: {what} must be in [0, 1), got {value} (--{what})")
+
+
+def _check_epsilon(name, value):
+    if not value > 0:
+        raise ConfigError(f"{name}: epsilon must be > 0, got {value} (--epsilon)")
+
+
 class Optimizer:
     name = None
     slots = ()                       # names of the per-parameter state buffers
 
     def __init__(self, learning_rate=0.01, decay=0.0):
         if not learning_rate > 0:
-            raise ConfigError(f"{self.name}: learning_rate must be positive, got {learning_rate}")
-        if decay < 0:
-            raise ConfigError(f"{self.name}: decay must be >= 0, got {decay}")
+            raise ConfigError(f"{self.name}: learning_rate must be > 0, got {learning_rate} (--learning_rate)")
+        if not decay >= 0:
+            raise ConfigError(f"{self.name}: decay must be >= 0, got {decay} (--decay)")
         self.learning_rate, self.decay = float(learning_rate), float(decay)
         self.iterations = 0
         self.state = {}
@@ -54,7 +65,7 @@ class SGD(Optimizer):
     def __init__(self, learning_rate=0.01, momentum=0.9, nesterov=False, decay=0.0):
         super().__init__(learning_rate, decay)
         if not 0 <= momentum < 1:
-            raise ConfigError(f"sgd: momentum must be in [0, 1), got {momentum}")
+            raise ConfigError(f"sgd: momentum must be in [0, 1), got {momentum} (--momentum)")
         self.momentum, self.nesterov = float(momentum), bool(nesterov)
 
     def _update(self, params, g):
@@ -78,6 +89,8 @@ class RMSProp(Optimizer):
 
     def __init__(self, learning_rate=0.01, rho=0.9, epsilon=1e-7, decay=0.0):
         super().__init__(learning_rate, decay)
+        _check_unit(self.name, "rho", rho)
+        _check_epsilon(self.name, epsilon)
         self.rho, self.epsilon = float(rho), float(epsilon)
 
     def _update(self, params, g):
@@ -95,6 +108,9 @@ class Adam(Optimizer):
 
     def __init__(self, learning_rate=0.001, beta1=0.99, beta2=0.999, epsilon=1e-7, decay=0.0):
         super().__init__(learning_rate, decay)
+        _check_unit(self.name, "beta1", beta1)
+        _check_unit(self.name, "beta2", beta2)
+        _check_epsilon(self.name, epsilon)
         self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
 
     def _moments(self, g):

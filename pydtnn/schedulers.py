@@ -30,17 +30,40 @@ class Scheduler:
     def on_epoch_end(self, trainer, epoch, logs):
         pass
 
+    # Only these attributes are state; everything else is configuration and comes from the command line.
+    STATE = ()
+    # Schedulers that save files run after the epoch's history row is recorded (so a checkpoint holds it).
+    saves_files = False
+
     def state_dict(self) -> dict:
-        return {k: v for k, v in vars(self).items() if isinstance(v, (int, float, str, bool, type(None)))}
+        state = {k: getattr(self, k) for k in self.STATE}
+        if hasattr(self, "metric"):
+            state["metric"] = self.metric            # identifies what `best` measured; never restored
+        return state
 
     def load_state_dict(self, state: dict):
-        for k, v in state.items():
-            setattr(self, k, v)
+        """Restore the STATE fields; a `best` of another metric than the command line's is dropped."""
+        if not isinstance(state, dict):
+            raise ConfigError(f"{self.name}: saved state must be an object, got {state!r}")
+        if "metric" in state and state["metric"] != getattr(self, "metric", None):
+            return
+        for k in self.STATE:
+            if k in state:
+                v = state[k]
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                    raise ConfigError(f"{self.name}: saved state {k} must be a number, got {v!r}")
+                setattr(self, k, v)
+
+    def logged_metric(self, metric: str) -> str:
+        """The logs key a metric name refers to (upstream names the loss by its function)."""
+        for loss_name in LOSS_NAMES:
+            if metric.endswith(loss_name):
+                return metric[:-len(loss_name)] + "loss"
+        return metric
 
     def _value(self, logs, metric):
-        for loss_name in LOSS_NAMES:          # upstream names the loss by its function
-            if metric not in logs and metric.endswith(loss_name):
-                metric = metric[:-len(loss_name)] + "loss"
+        if metric not in logs:
+            metric = self.logged_metric(metric)
         if metric not in logs:
             raise ConfigError(f"{self.name}: metric {metric!r} is not computed; available: {', '.join(sorted(logs))}"
                               + ("" if any(k.startswith("val_") for k in logs) else
@@ -58,7 +81,10 @@ class _Monitor(Scheduler):
         except ConfigError:
             return False
 
+    STATE = ("best", "wait")
+
     def __init__(self, metric, patience):
+        _check_range(self.name, "patience", patience, 0, None)
         self.metric, self.patience = metric, int(patience)
         self.best = -math.inf if _maximize(metric) else math.inf
         self.wait = 0
@@ -77,7 +103,10 @@ class WarmUp(Scheduler):
     """Linear learning-rate ramp from base/steps to base over the first warm_up_epochs (per batch)."""
     name = "warm_up"
 
+    STATE = ("base_lr",)
+
     def __init__(self, warm_up_epochs=5):
+        _check_range(self.name, "warm_up_epochs", warm_up_epochs, 0, None)
         self.warm_up_epochs = int(warm_up_epochs)
         self.base_lr = None
 
@@ -106,6 +135,8 @@ class ReduceLROnPlateau(_Monitor):
 
     def __init__(self, metric, factor=0.1, patience=5, min_lr=0.0):
         super().__init__(metric, patience)
+        _check_factor(self.name, factor)
+        _check_range(self.name, "min_lr", min_lr, 0, None)
         self.factor, self.min_lr = float(factor), float(min_lr)
 
     def on_epoch_end(self, trainer, epoch, logs):
@@ -120,6 +151,9 @@ class ReduceLREveryNEpochs(Scheduler):
     name = "reduce_lr_every_nepochs"
 
     def __init__(self, factor=0.1, nepochs=5, min_lr=0.0):
+        _check_factor(self.name, factor)
+        _check_range(self.name, "nepochs", nepochs, 1, None)
+        _check_range(self.name, "min_lr", min_lr, 0, None)
         self.factor, self.nepochs, self.min_lr = float(factor), int(nepochs), float(min_lr)
 
     def on_epoch_end(self, trainer, epoch, logs):
@@ -134,6 +168,13 @@ class StopAtLoss(Scheduler):
 
     def __init__(self, metric="val_categorical_accuracy", threshold=0.0):
         self.metric, self.threshold = metric, float(threshold)
+        if _maximize(metric) and not 0 < self.threshold <= 1:
+            raise ConfigError(f"stop_at_loss: threshold {threshold} for {metric} (an accuracy in [0, 1]) must be in "
+                              f"(0, 1]: {'<= 0 is reached after the first epoch' if self.threshold <= 0 else 'above 1 is never reached'} "
+                              f"(--stop_at_loss_threshold)")
+        if not _maximize(metric) and self.threshold < 0:
+            raise ConfigError(f"stop_at_loss: threshold {threshold} for {metric} (a loss, >= 0) must be >= 0: "
+                              f"a negative one is never reached (--stop_at_loss_threshold)")
 
     def on_epoch_end(self, trainer, epoch, logs):
         value = self._value(logs, self.metric)
@@ -143,18 +184,53 @@ class StopAtLoss(Scheduler):
 
 
 class ModelCheckpoint(_Monitor):
-    """Every save_freq epochs, write a full checkpoint (and keep `best.npz` for the best metric)."""
+    """Every save_freq epochs, write a full checkpoint (and keep `best.npz` for the best metric).
+
+    It runs after the epoch's history row is recorded, and updates `best` before saving, so a checkpoint
+    written after epoch N holds all of epoch N.
+    """
     name = "model_checkpoint"
+    saves_files = True
 
     def __init__(self, metric, save_freq=2, checkpoint_dir="checkpoints"):
         super().__init__(metric, patience=0)
+        _check_range(self.name, "save_freq", save_freq, 1, None)
         self.save_freq, self.checkpoint_dir = int(save_freq), str(checkpoint_dir)
 
     def on_epoch_end(self, trainer, epoch, logs):
+        improved = self._has(logs) and self._improved(logs)
         if (epoch + 1) % self.save_freq == 0:
             trainer.save_checkpoint(os.path.join(self.checkpoint_dir, f"epoch_{epoch + 1:04d}.npz"), epoch + 1)
-        if self._has(logs) and self._improved(logs):
+        if improved:
             trainer.save_checkpoint(os.path.join(self.checkpoint_dir, "best.npz"), epoch + 1)
+
+
+def _check_range(name, what, value, low, high):
+    """`value` is a number in [low, high] (either bound None = open-ended)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (low is not None and value < low) or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        flag = what if what.startswith(name) else f"{name}_{what}"
+        raise ConfigError(f"{name}: {what} must be {bounds}, got {value} (--{flag})")
+
+
+def _check_factor(name, factor):
+    if not (isinstance(factor, (int, float)) and 0 < factor < 1):
+        raise ConfigError(f"{name}: factor must be in (0, 1), got {factor} (--{name}_factor)")
+
+
+def check_metrics(schedulers, logged: set, has_val: bool) -> None:
+    """Every metric a scheduler names is one the trainer logs (a typo would otherwise never act)."""
+    for s in schedulers:
+        metric = getattr(s, "metric", None)
+        if metric is None:
+            continue
+        key = s.logged_metric(metric)
+        base = key[len("val_"):] if key.startswith("val_") else key
+        if base not in logged:
+            choices = sorted(logged | {f"val_{k}" for k in logged})
+            raise ConfigError(f"{s.name}: metric {metric!r} is not logged; choose from {', '.join(choices)} "
+                              f"(--{s.name}_metric)")
 
 
 SCHEDULERS = {cls.name: cls for cls in (WarmUp, EarlyStopping, ReduceLROnPlateau, ReduceLREveryNEpochs,

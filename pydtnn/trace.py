@@ -26,7 +26,6 @@ in chrome://tracing or https://ui.perfetto.dev.
 from __future__ import annotations
 
 import json
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -235,8 +234,7 @@ def write_chrome_trace(path: str, timeline: Timeline, comm=None) -> str | None:
     if comm is not None and comm.rank != 0:
         return None
     events = [e for per_rank in gathered for e in per_rank]
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(chrome_trace(events), f)
-    os.replace(tmp, path)
+    from pydtnn.outputs import atomic_write
+    text = json.dumps(chrome_trace(events))
+    atomic_write(path, lambda f: f.write(text.encode()))
     return path

@@ -9,27 +9,48 @@ One global step s (DESIGN.md, "Data-parallel step"):
 5. a tiny SUM-allreduce of [b_i * loss, b_i * metrics, compute time per sample] so that every rank sees
    the same global loss (a NaN stops all ranks together) and the same speeds (dynamic balancing).
 Every rank runs the same number of steps whatever the split and the dataset size, so collectives match.
+
+Preemption (SIGTERM, SIGUSR1): the handler only sets a flag; the flag rides in the step's stats allreduce
+(5.), so every rank sees the same OR of it after the same step, writes one full checkpoint together (the
+step inside the epoch and the epoch's partial sums included), and `fit` raises `Preempted`.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import math
 import os
 import resource
+import signal
+import threading
 import time
 
 import numpy as np
 
 from pydtnn.checkpoint import load_checkpoint, save_checkpoint
-from pydtnn.errors import ConfigError, NumericalError
+from pydtnn.errors import CheckpointError, ConfigError, NumericalError, OutputError
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
 from pydtnn.model import one_hot
+from pydtnn.outputs import atomic_write
 from pydtnn.parallel import balance
 from pydtnn.parallel.comm import BucketedReducer, SerialComm
 from pydtnn.progress import progress
 from pydtnn.trace import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
+
+
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preempted(Exception):
+    """Training stopped on a signal after a full checkpoint was written (not an error: resume from `path`)."""
+
+    def __init__(self, signum, path, epoch, step, steps_per_epoch):
+        self.signum, self.path, self.epoch, self.step, self.steps_per_epoch = signum, path, epoch, step, steps_per_epoch
+        super().__init__(f"{signal.Signals(signum).name} received: checkpoint written to {path} "
+                         f"(after epoch {epoch}, step {step} of {steps_per_epoch}); continue with --resume {path}")
 
 
 class Trainer:
@@ -38,7 +59,8 @@ class Trainer:
                  gradient_weighting="proportional", balance_mode="none", rebalance_interval=20,
                  emulate_speed=1.0, non_blocking=False, steps_per_epoch=0, seed=0, schedulers=(),
                  history_file=None, progress=True, eval_batch_size=None, tracer_output=None, log=None,
-                 flags=None):
+                 flags=None, checkpoint_dir="checkpoints", save_steps=0, save_minutes=0.0, handle_signals=False,
+                 clock=time.monotonic):
         self.model, self.dataset, self.optimizer = model, dataset, optimizer
         self.loss = get_loss(loss)
         self.metric_names = list(metrics)
@@ -58,7 +80,10 @@ class Trainer:
         self.emulate_speed = float(emulate_speed)
         self.steps_per_epoch_arg = int(steps_per_epoch)
         self.steps_per_epoch = balance.steps_in_epoch(len(dataset.train), self.global_batch, self.steps_per_epoch_arg)
+        if int(seed) < 0:
+            raise ConfigError(f"seed must be >= 0, got {seed} (--seed)")
         self.seed = int(seed)
+        self.balance_mode = balance_mode
         self.schedulers = list(schedulers)
         self.history_file = history_file
         self.progress = progress and self.rank == 0
@@ -70,6 +95,21 @@ class Trainer:
         self.stop_training = False
         self.history: list[dict] = []
         self.start_epoch = 0
+        # --- checkpoints inside epochs, preemption ---
+        self.checkpoint_dir = checkpoint_dir
+        self.save_steps, self.save_minutes = int(save_steps), float(save_minutes)
+        if self.save_steps < 0 or not self.save_minutes >= 0:
+            raise ConfigError("checkpoint cadence must be >= 0 (--model_checkpoint_save_steps, "
+                              "--model_checkpoint_save_minutes)")
+        self.handle_signals = handle_signals
+        self.clock = clock
+        self._last_save_t = clock()
+        self._last_step_file = None
+        self._signal = None            # set by the handler; acted on when the ranks agree
+        self.start_step = 0            # steps already done inside start_epoch (a mid-epoch checkpoint)
+        self._partial = None           # that epoch's partial sums
+        self.restored_split = False    # the split came from a checkpoint (no probe needed)
+        self.finished = False
         self.stats = ReplicaStats()
         self.timeline = Timeline(self.rank, enabled=bool(tracer_output))
         self.tracer_output = tracer_output
@@ -119,46 +159,113 @@ class Trainer:
         self.timer.end_step()
         # reported loss and metrics are weighted by b_i whatever the gradient weighting
         local = [value] + [f(y_pred, y) for f in self.metric_fns]
-        stats = np.zeros(len(local) + self.nreplicas)
+        stats = np.zeros(len(local) + self.nreplicas + 2)
         stats[:len(local)] = np.asarray(local) * (b_i / step_total)
         stats[len(local) + self.rank] = self.timer.step_compute_s / b_i
+        # two flags summed with the stats, so every rank takes the same decision after this step:
+        # a signal arrived on some rank; rank 0's clock says a timed checkpoint is due
+        stats[-2] = 1.0 if self._signal is not None else 0.0
+        stats[-1] = 1.0 if self.rank == 0 and self._checkpoint_due_by_time() else 0.0
         self.comm.allreduce_sum_(stats)
-        return stats[:len(local)], stats[len(local):]
+        self.stop_requested = bool(stats[-2] > 0)
+        self.save_requested = bool(stats[-1] > 0)
+        return stats[:len(local)], stats[len(local):len(local) + self.nreplicas]
+
+    def _checkpoint_due_by_time(self):
+        return self.save_minutes > 0 and self.clock() - self._last_save_t >= 60.0 * self.save_minutes
 
     # --- epochs -----------------------------------------------------------------------------------------
     def fit(self, num_epochs):
         """Train from self.start_epoch up to num_epochs; returns the history (a list of per-epoch dicts)."""
         t_start = time.perf_counter()
-        epochs_run = 0
+        self.epochs_run = 0
+        self.finished = False
         if self.tracer_output:
             self.timeline.start(self.comm)
-        for epoch in range(self.start_epoch, num_epochs):
-            logs = self.train_epoch(epoch, num_epochs)
-            epochs_run += 1
-            for s in self.schedulers:
-                s.on_epoch_end(self, epoch, logs)
-            logs["learning_rate_next"] = self.optimizer.learning_rate
-            self.history.append(logs)
-            self._write_history()
-            if self.stop_training:
-                break
+        with self._signal_handlers():
+            for epoch in range(self.start_epoch, num_epochs):
+                first_step, self.start_step = self.start_step, 0
+                logs = self.train_epoch(epoch, num_epochs, first_step)
+                self.epochs_run += 1
+                # LR schedulers first, then the history row, then the schedulers that save files: a
+                # checkpoint written after epoch N holds epoch N's row and best value
+                for s in self.schedulers:
+                    if not s.saves_files:
+                        s.on_epoch_end(self, epoch, logs)
+                logs["learning_rate_next"] = self.optimizer.learning_rate
+                self.history.append(logs)
+                self._write_history()
+                for s in self.schedulers:
+                    if s.saves_files:
+                        s.on_epoch_end(self, epoch, logs)
+                if self.stop_training or epoch + 1 == num_epochs:
+                    break
+                if self.stop_requested or self.save_requested or self._cadence_due(epoch, self.steps_per_epoch - 1):
+                    self._step_checkpoint(epoch + 1, 0)
         self.elapsed = time.perf_counter() - t_start
-        self.epochs_run = epochs_run
+        self.finished = True
         if self.tracer_output:
-            write_chrome_trace(self.tracer_output, self.timeline, self.comm if self.nreplicas > 1 else None)
+            self._agree(lambda: write_chrome_trace(self.tracer_output, self.timeline,
+                                                   self.comm if self.nreplicas > 1 else None))
         return self.history
 
-    def train_epoch(self, epoch, num_epochs):
+    # --- preemption and checkpoints inside epochs --------------------------------------------------------
+    @contextlib.contextmanager
+    def _signal_handlers(self):
+        """SIGTERM/SIGUSR1 only set a flag (acted on after the current step); restored afterwards."""
+        self.stop_requested = self.save_requested = False
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.signal(s, self._on_signal) for s in PREEMPT_SIGNALS}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _on_signal(self, signum, frame):
+        self._signal = signum
+
+    def _cadence_due(self, epoch, step):
+        return self.save_steps > 0 and (epoch * self.steps_per_epoch + step + 1) % self.save_steps == 0
+
+    def _step_checkpoint(self, epoch, step, partial=None):
+        """A full checkpoint `epoch` epochs and `step` steps in; on a signal, then raise Preempted."""
+        path = os.path.join(self.checkpoint_dir, f"epoch_{epoch:04d}_step_{step:06d}.npz")
+        self.save_checkpoint(path, epoch, step=step, partial=partial)
+        self._last_save_t = self.clock()
+        stop = self.stop_requested
+        self.stop_requested = self.save_requested = False
+        if stop:
+            signum = self.comm.allgather(float(self._signal or 0)).max()
+            raise Preempted(int(signum) or signal.SIGTERM, path, epoch, step, self.steps_per_epoch)
+        # keep only the newest cadence checkpoint: long runs would otherwise fill the disk
+        if self.rank == 0 and self._last_step_file and self._last_step_file != path:
+            with contextlib.suppress(OSError):
+                os.unlink(self._last_step_file)
+        self._last_step_file = path
+
+    def train_epoch(self, epoch, num_epochs, first_step=0):
         split = self.dataset.train
         n = len(split)
         order = split.epoch_order(self.seed, epoch)
         self.stats.reset()
         sums = np.zeros(1 + len(self.metric_fns))
         samples = 0
+        if first_step:                 # resumed inside this epoch: its sums so far come from the checkpoint
+            sums[:] = self._partial["sums"]
+            samples = int(self._partial["samples"])
+            stats = self._partial.get("stats")
+            if (isinstance(stats, list) and len(stats) == self.nreplicas and isinstance(stats[self.rank], list)
+                    and len(stats[self.rank]) == 4):       # same replica count: this rank's totals so far
+                steps, done, compute_s, wait_s = stats[self.rank]
+                self.stats.steps, self.stats.samples = int(steps), int(done)
+                self.stats.compute_s, self.stats.wait_s = float(compute_s), float(wait_s)
         t0 = time.perf_counter()
         bar = progress(total=self.steps_per_epoch, desc=f"epoch {epoch + 1}/{num_epochs}", unit="step",
-                       enabled=self.progress, leave=True)
-        for step in range(self.steps_per_epoch):
+                       enabled=self.progress, leave=True, initial=first_step)
+        for step in range(first_step, self.steps_per_epoch):
             global_step = epoch * self.steps_per_epoch + step
             for s in self.schedulers:
                 s.on_batch_begin(self, global_step)
@@ -177,6 +284,11 @@ class Trainer:
                 new = self.balancer.maybe_rebalance(global_step)
                 if new is not None:
                     self.sizes = new
+            last = step + 1 == self.steps_per_epoch
+            if not last and (self.stop_requested or self.save_requested or self._cadence_due(epoch, step)):
+                if bar is not None and self.stop_requested:
+                    bar.close()
+                self._step_checkpoint(epoch, step + 1, self._partial_state(sums, samples))
             if bar is not None:
                 elapsed = time.perf_counter() - t0
                 bar.set_postfix_str(f"loss={sums[0] / samples:.4f} "
@@ -208,6 +320,14 @@ class Trainer:
             if self.nreplicas > 1:
                 self.log(summary.format())
         return logs
+
+    def _partial_state(self, sums, samples):
+        """What a checkpoint inside an epoch needs to finish that epoch's history row bit-exactly."""
+        rows = self.comm.gather_object([self.stats.steps, self.stats.samples, self.stats.compute_s,
+                                        self.stats.wait_s], root=0)
+        return {"sums": [float(v) for v in sums], "samples": int(samples), "global_batch": self.global_batch,
+                "steps_per_epoch": self.steps_per_epoch, "train_samples": len(self.dataset.train),
+                "stats": rows if self.rank == 0 else None}
 
     @staticmethod
     def _short(name):
@@ -241,56 +361,132 @@ class Trainer:
         return {name: v / max(sums[-1], 1) for name, v in zip(["loss", *self.metric_names], sums[:-1])}
 
     # --- history, checkpoints ---------------------------------------------------------------------------
+    def _agree(self, write):
+        """Run `write` on every rank (rank 0 writes); an OutputError there is raised on every rank together."""
+        error = None
+        try:
+            write()
+        except OutputError as e:
+            error = e
+        if self.nreplicas > 1 and self.comm.any_true(error is not None) and error is None:
+            raise OutputError("rank 0 could not write an output file")
+        if error is not None:
+            raise error
+
     def _write_history(self):
-        if not self.history_file or self.rank != 0:
+        if not self.history_file:
             return
-        tmp = f"{self.history_file}.tmp"
-        with open(tmp, "w", newline="") as f:
+        def write():
+            if self.rank != 0:
+                return
             if self.history_file.endswith(".json"):
-                json.dump(self.history, f, indent=1)
+                text = json.dumps(self.history, indent=1)
             else:
+                buf = io.StringIO(newline="")
                 keys = list(dict.fromkeys(k for row in self.history for k in row))
-                writer = csv.DictWriter(f, fieldnames=keys)
+                writer = csv.DictWriter(buf, fieldnames=keys)
                 writer.writeheader()
                 writer.writerows(self.history)
-        os.replace(tmp, self.history_file)
+                text = buf.getvalue()
+            atomic_write(self.history_file, lambda f: f.write(text.encode()))
+        self._agree(write)
 
     def _rng_state(self):
         rng = self.model.backend.rng
         state = rng.bit_generator.state if hasattr(rng, "bit_generator") else None
         return json.loads(json.dumps(state, default=int))
 
-    def save_checkpoint(self, path, epoch):
-        """Full state after `epoch` epochs (a collective: every rank calls it; rank 0 writes)."""
+    def save_checkpoint(self, path, epoch, step=0, partial=None):
+        """Full state after `epoch` epochs and `step` more steps (a collective: every rank calls it; rank 0
+        writes). An OutputError is raised on every rank; the previous file at `path` stays intact."""
         rng_states = self.comm.gather_object(self._rng_state(), root=0)
-        if self.rank != 0:
-            return
-        meta = {"epoch": int(epoch), "step": 0, "nreplicas": self.nreplicas, "sizes": list(map(int, self.sizes)),
-                "rng_states": rng_states, "seed": self.seed, "history": self.history,
-                "schedulers": [[s.name, s.state_dict()] for s in self.schedulers],
-                "balancer": None if self.balancer is None else
-                {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in self.balancer.state_dict().items()},
-                "flags": self.flags}
-        save_checkpoint(path, self.model, self.optimizer, json.loads(json.dumps(meta, default=_jsonable)))
 
-    def resume(self, path):
+        def write():
+            if self.rank != 0:
+                return
+            meta = {"epoch": int(epoch), "step": int(step), "nreplicas": self.nreplicas,
+                    "sizes": list(map(int, self.sizes)), "rng_states": rng_states, "seed": self.seed,
+                    "history": self.history, "schedulers": [[s.name, s.state_dict()] for s in self.schedulers],
+                    "balancer": None if self.balancer is None else
+                    {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in self.balancer.state_dict().items()},
+                    "partial_epoch": partial, "flags": self.flags}
+            folder = os.path.dirname(os.path.abspath(path))
+            try:
+                os.makedirs(folder, exist_ok=True)
+            except OSError as e:
+                raise OutputError(f"cannot create the checkpoint folder {folder}: {e.strerror}") from None
+            save_checkpoint(path, self.model, self.optimizer, json.loads(json.dumps(meta, default=_jsonable)))
+        self._agree(write)
+
+    def resume(self, path, keep_split=True):
+        """Restore the state of a checkpoint (configuration stays the command line's).
+
+        Elastic: a checkpoint of P replicas resumes on Q. The split and a dynamic balancer's measurements
+        are kept only when P == Q and the global batch is the same (and, for the split, `keep_split`: it
+        was measured, not given by flags); otherwise the caller's split stands and is re-measured.
+        """
         meta = load_checkpoint(path, self.model, self.optimizer)
-        self.start_epoch = int(meta["epoch"])
-        self.history = list(meta.get("history", []))
-        if meta.get("nreplicas") == self.nreplicas:
+        self.start_epoch, self.start_step = meta["epoch"], meta["step"]
+        self.history = list(meta["history"])
+        same_layout = meta["nreplicas"] == self.nreplicas and sum(meta["sizes"]) == self.global_batch
+        if self.start_step:
+            part = meta["partial_epoch"]
+            mine = {"global_batch": self.global_batch, "steps_per_epoch": self.steps_per_epoch,
+                    "train_samples": len(self.dataset.train)}
+            for key, value in mine.items():
+                if part[key] != value:
+                    raise CheckpointError(f"checkpoint {path} was written inside an epoch (step {self.start_step}) "
+                                          f"with {key} {part[key]}, this run has {value}: resume with the same "
+                                          f"data and global batch (--global_batch_size), or from an epoch-end "
+                                          f"checkpoint")
+            if len(part["sums"]) != 1 + len(self.metric_fns):
+                raise CheckpointError(f"checkpoint {path} was written inside an epoch with other --metrics")
+            self._partial = part
+        self._restore_rng(meta["rng_states"], path)
+        if keep_split and same_layout:
             self.sizes = list(meta["sizes"])
-            state = meta["rng_states"][self.rank]
-            if state is not None and hasattr(self.model.backend.rng, "bit_generator"):
-                self.model.backend.rng.bit_generator.state = state
-        saved = dict((name, st) for name, st in meta.get("schedulers", []))
+            self.restored_split = True
+        saved = dict((name, st) for name, st in meta["schedulers"])
         for s in self.schedulers:
             if s.name in saved:
-                s.load_state_dict(saved[s.name])
-        if self.balancer is not None and meta.get("balancer"):
-            self.balancer.load_state_dict({k: np.asarray(v) if isinstance(v, list) else v
-                                           for k, v in meta["balancer"].items()})
-            self.sizes = list(self.balancer.sizes)
+                try:
+                    s.load_state_dict(saved[s.name])
+                except ConfigError as e:
+                    raise CheckpointError(f"checkpoint {path}: metadata field 'schedulers': {e}") from None
+        if self.balancer is not None and meta["balancer"] is not None:
+            if same_layout and len(meta["balancer"]["ema"]) in (0, self.nreplicas):
+                try:
+                    self.balancer.load_state_dict({k: np.asarray(v) if isinstance(v, list) else v
+                                                   for k, v in meta["balancer"].items()})
+                except (ConfigError, ValueError) as e:
+                    raise CheckpointError(f"checkpoint {path}: metadata field 'balancer': {e}") from None
+                self.sizes = list(self.balancer.sizes)
+                self.restored_split = True
+            else:
+                self.log(f"resume: the dynamic balancer's measurements of {meta['nreplicas']} replica(s) do not "
+                         f"apply to {self.nreplicas}; starting from {self.sizes} and re-measuring")
         return meta
+
+    def _restore_rng(self, states, path):
+        """Every saved RNG state is checked (on every rank, so all fail together); this rank's is restored."""
+        rng = self.model.backend.rng
+        if not hasattr(rng, "bit_generator"):
+            return
+        for r, state in enumerate(states):
+            if state is None:
+                continue
+            try:
+                type(rng.bit_generator)().state = state
+            except (TypeError, ValueError, KeyError, AttributeError):
+                raise CheckpointError(f"checkpoint {path}: metadata field 'rng_states[{r}]' is not a valid "
+                                      f"{type(rng.bit_generator).__name__} state") from None
+        if self.rank < len(states) and states[self.rank] is not None:
+            rng.bit_generator.state = states[self.rank]
+        if len(states) != self.nreplicas:
+            # another replica count: dropout streams cannot continue one to one; a fresh stream per rank
+            # that depends on where training resumes (never a replay of epoch 1's masks)
+            self.model.backend.seed(self.seed * 1000003 + self.rank + 7919 * (1 + self.start_epoch * 100003
+                                                                               + self.start_step))
 
     def report(self):
         """The final report's lines: time, time per epoch, throughput, peak memory."""

@@ -7,6 +7,8 @@ import sys
 import numpy as np
 import pytest
 
+from pydtnn.errors import OutputError
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(REPO, "scripts", "pydtnn_benchmark.py")
 FAST = ["--model", "simplecnn", "--synthetic_samples", "256", "--batch_size", "32", "--progress_bar", "false",
@@ -146,7 +148,7 @@ def test_interrupted_checkpoint_write_keeps_previous(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError("disk full")
     monkeypatch.setattr(os, "fsync", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(OutputError, match="c.npz: disk full"):
         checkpoint.atomic_savez(str(path), {"a": np.arange(5)})
     assert np.array_equal(np.load(path)["a"], np.arange(3))
     assert [p.name for p in tmp_path.iterdir()] == ["c.npz"]

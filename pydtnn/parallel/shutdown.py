@@ -1,4 +1,5 @@
-"""How a job ends on an error: a user's mistake is one line and status 2 on every rank; a bug ends the job.
+"""How a job ends early: a user's mistake is one line and status 2 on every rank (a preempted run, after its
+checkpoint, one line and status 3); a bug ends the job.
 
 A mistake is usually seen by every rank at once (a flag, a shared file, a NaN in the reduced loss). Then
 all ranks meet at a non-blocking barrier, rank 0 prints the line, and every rank ends with status 2. If a
@@ -57,38 +58,49 @@ def _is_open_mpi(mpi) -> bool:
 
 def exit_on_user_error(message) -> None:
     """Print ``pydtnn: error: message`` once for the whole job and end every rank with status 2."""
-    line = f"pydtnn: error: {message}"
     mpi = _mpi_world(start=True)
+    if mpi is not None:
+        world = mpi.COMM_WORLD
+        request = world.Ibarrier()
+        deadline = time.monotonic() + float(os.environ.get(SYNC_SECONDS_VAR, "10"))
+        while not request.Test():
+            if time.monotonic() > deadline:
+                print(f"pydtnn: error (rank {world.Get_rank()}): {message}", file=sys.stderr)
+                _flush()
+                world.Abort(USER_ERROR_STATUS)
+            time.sleep(0.005)
+    _end_together(mpi, USER_ERROR_STATUS, f"pydtnn: error: {message}")
+
+
+def end_job(status: int, line: str) -> None:
+    """Every rank calls this together (they agreed in a collective): rank 0 prints ``line`` on stderr
+    and every rank ends with ``status``, as quietly as the MPI allows."""
+    _end_together(_mpi_world(start=False), status, line)
+
+
+def _end_together(mpi, status, line):
     if mpi is None:
         if not launcher.launched_by_mpi():
             print(line, file=sys.stderr)
             _flush()
-            sys.exit(USER_ERROR_STATUS)
+            sys.exit(status)
         if (launcher.launcher_rank() or 0) == 0:
             print(line, file=sys.stderr)
         else:
             time.sleep(0.5)          # let rank 0 print before a launcher that kills on first exit does
         _flush()
-        os._exit(USER_ERROR_STATUS)  # not sys.exit: `python -m mpi4py` would turn it into an MPI_Abort
+        os._exit(status)             # not sys.exit: `python -m mpi4py` would turn it into an MPI_Abort
     world = mpi.COMM_WORLD
-    request = world.Ibarrier()
-    deadline = time.monotonic() + float(os.environ.get(SYNC_SECONDS_VAR, "10"))
-    while not request.Test():
-        if time.monotonic() > deadline:
-            print(f"pydtnn: error (rank {world.Get_rank()}): {message}", file=sys.stderr)
-            _flush()
-            world.Abort(USER_ERROR_STATUS)
-        time.sleep(0.005)
     if world.Get_rank() == 0:
         print(line, file=sys.stderr)
     _flush()
     world.Barrier()                  # rank 0's line is out before any rank ends
     if _is_open_mpi(mpi):
         mpi.Finalize()
-        os._exit(USER_ERROR_STATUS)
+        os._exit(status)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
-    world.Abort(USER_ERROR_STATUS)
+    world.Abort(status)
 
 
 def abort_on_bug() -> None:
