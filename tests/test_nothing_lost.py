@@ -96,7 +96,7 @@ def test_output_paths_checked_before_the_first_step(tmp_path, case):
     args, needle = _bad_outputs(tmp_path)[case]
     r = launch(*SEQ, "--num_epochs", "50", *args, cwd=tmp_path)
     line = one_line(r, needle)
-    assert line.startswith("pydtnn: error:") and "epoch 1" not in r.stderr   # refused before training
+    assert line.startswith("pydtnn: error:") and "epoch 1" not in r.stdout + r.stderr   # refused before training
     assert no_tmp(tmp_path) and sorted(os.listdir(tmp_path)) == ["dir", "file"]
 
 
@@ -238,10 +238,10 @@ def test_sigterm_to_mpiexec_reaches_the_ranks(tmp_path):
     """What a batch scheduler does: SIGTERM to the launcher, which forwards it to every rank."""
     cmd = mpi_command(2, LAUNCHER, [*MPI, "--lr_schedulers", "", "--num_epochs", "100000", "--checkpoint_dir",
                                     tmp_path])
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env(),
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
                             start_new_session=True)
     try:
-        for line in proc.stderr:               # training is under way once an epoch is reported
+        for line in proc.stdout:               # training is under way once an epoch is reported
             if line.startswith("epoch 1:"):
                 proc.send_signal(signal.SIGTERM)
                 break
@@ -330,7 +330,7 @@ def test_dynamic_two_rank_checkpoint_resumes_on_three(tmp_path):
     r = run_mpi(3, LAUNCHER, [*flags, "--num_epochs", "2", "--checkpoint_dir", tmp_path / "q", "--resume", ckpt,
                               "--history_file", tmp_path / "h.csv"], timeout=180)
     assert r.returncode == 0, r.stderr
-    assert "do not apply to 3" in r.stderr and "Traceback" not in r.stderr
+    assert "do not apply to 3" in r.stdout and "Traceback" not in r.stderr
     assert [row["epoch"] for row in rows(tmp_path / "h.csv")] == ["1", "2"]
     assert "rank2_b" in rows(tmp_path / "h.csv")[1]
 
