@@ -198,7 +198,11 @@ class FrontendConv:
                                       c.numerical_note.REDUCED_PRECISION_REDUCTION])
         g.check_support()
         pack = {X: x.data.ptr, W: w.data.ptr, Y: y.data.ptr}
-        plan = self._autotune(g, pack) if self.autotune else None
+        if self.autotune:
+            plan = self._autotune(g, pack)
+        else:
+            g.build_plans()
+            plan = None
         if plan is not None:
             return g, X, W, Y, int(g.get_workspace_size_plan_at_index(plan)), plan
         return g, X, W, Y, int(g.get_workspace_size()), None

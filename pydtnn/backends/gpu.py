@@ -64,6 +64,7 @@ class GPUBackend(Backend):
         from pydtnn.backends import _gpu_kernels
         self._kernels = _gpu_kernels
         self._fns = {}
+        self._unused_index = None
         self.seed(seed)
         from pydtnn.backends._cudnn import ConvRunner
         self.conv = ConvRunner(cupy, self.dtype, precision, conv_impl, self.auto_conv_alg)
@@ -199,6 +200,12 @@ class GPUBackend(Backend):
         (kh, kw), (sh, sw), (ph, pw) = spec.pool, spec.stride, spec.padding
         return tuple(np.int32(v) for v in (h, w, ho, wo, kh, kw, sh, sw, ph, pw, spec.kind == "max"))
 
+    def _no_index(self):
+        """The `int* idx` argument of average pooling, never read: an int32 array, as the signature says."""
+        if self._unused_index is None:
+            self._unused_index = self.xp.empty(1, np.int32)
+        return self._unused_index
+
     def pool2d_forward(self, x, spec: PoolSpec):
         x = self._c(x)
         n, c, h, w, ho, wo = self._pool_geometry(x, spec, "pool2d_forward")
@@ -206,7 +213,7 @@ class GPUBackend(Backend):
             return x.reshape(n, c, h * w).mean(axis=2).reshape(n, c, 1, 1), (x.shape, None)
         y = self.xp.empty((n, c, ho, wo), self.dtype)
         idx = self.xp.empty((n, c, ho, wo), np.int32) if spec.kind == "max" else None
-        self._launch("pool_fwd", y.size, (x, y, idx if idx is not None else y, np.int64(y.size))
+        self._launch("pool_fwd", y.size, (x, y, idx if idx is not None else self._no_index(), np.int64(y.size))
                      + self._pool_args(spec, h, w, ho, wo) + (self._kernels.index32(x.size, y.size),))
         return y, (x.shape, idx)
 
@@ -221,7 +228,7 @@ class GPUBackend(Backend):
         if self._is_global_avg(spec, h, w):
             dx[...] = dy * self.dtype.type(1.0 / (h * w))
             return dx
-        self._launch("pool_bwd", dx.size, (dy, idx if idx is not None else dy, dx, np.int64(dx.size))
+        self._launch("pool_bwd", dx.size, (dy, idx if idx is not None else self._no_index(), dx, np.int64(dx.size))
                      + self._pool_args(spec, h, w, ho, wo) + (self._kernels.index32(dx.size, dy.size),))
         return dx
 
