@@ -219,6 +219,8 @@ def build_modules() -> dict:
     cupy.ndarray = DeviceArray
     cupy.asarray, cupy.array, cupy.ascontiguousarray, cupy.asnumpy = asarray, array, ascontiguousarray, asnumpy
     cupy.RawModule = RawModule
+    cupy.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None,
+                                                                 used_bytes=lambda: 0)
     for name in _CREATION + _LIKE:
         setattr(cupy, name, _numpy_function(name))
 
