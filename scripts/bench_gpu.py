@@ -220,6 +220,16 @@ def print_table(rows):
               f"{r['ours_first_step_s']:12.1f}  {conv}")
 
 
+def append_jsonl(path, row):
+    """One JSON line per row, flushed and fsynced at once."""
+    if not path:
+        return
+    with open(path, "a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated zoo names (default {DEFAULT_MODELS})")
@@ -227,12 +237,16 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=10, help="timed steps per framework (median reported)")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--conv", default="auto", choices=["auto", "frontend", "legacy"],
-                   help="cuDNN implementation of our convolutions (see pydtnn/backends/_cudnn.py)")
+    p.add_argument("--conv", default=None, choices=["auto", "frontend", "legacy"],
+                   help="cuDNN implementation of our convolutions (see pydtnn/backends/_cudnn.py; default: "
+                        "$PYDTNN_GPU_CONV, else auto)")
     p.add_argument("--autotune", action="store_true", help="our convolutions: measure plans/algorithms")
     p.add_argument("--no_torch", action="store_true", help="time ours only")
     p.add_argument("--max_seconds", type=float, default=150.0, help="start no new configuration after this")
-    p.add_argument("--json", default=None, help="also write the rows as JSON here")
+    p.add_argument("--json", default=None, help="also write the rows as JSON here, at the end")
+    p.add_argument("--jsonl", default=None,
+                   help="append each row as one JSON line here as soon as it is measured (flushed: a timeout "
+                        "loses only the configuration in progress)")
     args = p.parse_args(argv)
     use_torch = not args.no_torch
     if use_torch:
@@ -249,9 +263,18 @@ def main(argv=None):
         for name in [s.strip() for s in args.models.split(",") if s.strip()]:
             if time.perf_counter() - t_start > args.max_seconds:
                 rows.append({"model": name, "precision": precision, "skipped": "time budget (--max_seconds)"})
+                append_jsonl(args.jsonl, rows[-1])
                 continue
-            rows.append(bench_one(name, precision, args, use_torch))
+            try:
+                rows.append(bench_one(name, precision, args, use_torch))
+            except Exception as e:  # noqa: BLE001 - one failing configuration must not lose the others
+                rows.append({"model": name, "precision": precision,
+                             "skipped": "FAILED " + " ".join(f"{type(e).__name__}: {e}".split())[:400]})
             r = rows[-1]
+            append_jsonl(args.jsonl, r)
+            if "skipped" in r:
+                print(f"# {precision} {name}: {r['skipped']}", file=sys.stderr, flush=True)
+                continue
             print(f"# {precision} {name}: ours {r['ours_ms']:.2f} ms"
                   + (f", torch {r['torch_ms']:.2f} ms ({r['torch_model']})" if use_torch else "")
                   + f", first step {r['ours_first_step_s']:.1f} s", file=sys.stderr, flush=True)

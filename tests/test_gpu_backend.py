@@ -1,7 +1,9 @@
 """The GPU backend against the CPU backend (the reference), and the GPU plumbing that runs without a GPU.
 
-Conformance tests (marked `gpu_only`) are skipped, with the reason, where `available_backends()` has no
-"gpu". They compare every kernel of the contract with the CPU backend on the same data: the reference is
+Conformance tests (marked `gpu_only`) run twice: "gpu" on a device (skipped, with the reason, where
+`available_backends()` has no "gpu") and "gpu-standin" over the host stand-in of CuPy/cuDNN/NCCL
+(tests/gpu_standin: real backend code, the kernels' real CUDA source compiled as C++, convolutions by the
+CPU backend), which tests our glue everywhere but is NOT a GPU verification. They compare every kernel of the contract with the CPU backend on the same data: the reference is
 always computed in float64 from the very values the GPU gets, so float64 results must agree to ~1e-10 and
 float32 ones, in the default strict "fp32" precision, to ~1e-5 relative (TF32 would be ~1e-3).
 NOT RUN ON HARDWARE when written (no GPU on the machine it was written on): scripts/gpu_check.sh runs them.
@@ -26,8 +28,30 @@ from pydtnn.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_GPU = "gpu" in available_backends()
-gpu_only = pytest.mark.skipif(not HAS_GPU, reason="no GPU here: CuPy is not installed or sees no CUDA device "
-                                                  "(pydtnn.backends.available_backends() has no 'gpu')")
+_KIND = ["gpu"]          # what `_gpu()` builds in the running test: "gpu" or "gpu-standin"
+
+
+@pytest.fixture(params=["gpu", "gpu-standin"])
+def gpu_kind(request):
+    """Each GPU test runs twice: on a real device ("gpu", skipped without one) and over the host stand-in
+    of CuPy/cuDNN ("gpu-standin", tests/gpu_standin): the second is a test of our glue, not of the GPU."""
+    if request.param == "gpu":
+        if not HAS_GPU:
+            pytest.skip("no GPU here: CuPy is not installed or sees no CUDA device "
+                        "(pydtnn.backends.available_backends() has no 'gpu')")
+        _KIND[0] = "gpu"
+        yield "gpu"
+        return
+    import gpu_standin
+    with gpu_standin.active():
+        _KIND[0] = "gpu-standin"
+        try:
+            yield "gpu-standin"
+        finally:
+            _KIND[0] = "gpu"
+
+
+gpu_only = pytest.mark.usefixtures("gpu_kind")
 
 
 # ==================================================================================== without a GPU
@@ -150,7 +174,7 @@ def test_cudnn_loader_without_library_is_a_config_error(monkeypatch, tmp_path):
 def _gpu(dtype="float64", precision="fp32", **kw):
     """One backend per configuration for the whole module (kernels compile and cuDNN graphs build once)."""
     from pydtnn.backends.gpu import GPUBackend
-    key = (dtype, precision, tuple(sorted(kw.items())))
+    key = (_KIND[0], dtype, precision, tuple(sorted(kw.items())))
     if key not in _BACKENDS:
         _BACKENDS[key] = GPUBackend(dtype=dtype, seed=0, precision=precision, **kw)
     _BACKENDS[key].apply_precision()          # CuPy's float32 matmul precision is process-wide
@@ -498,132 +522,9 @@ def test_nccl_comm_single_rank(tmp_path):
         comm.barrier()
         print("NCCL OK", nccl.get_version())
     """))
-    r = run_mpi(1, script, timeout=180, check=True)
+    env = None
+    if _KIND[0] == "gpu-standin":
+        import gpu_standin
+        env = {k: v for k, v in gpu_standin.subprocess_env().items() if k in ("PYTHONPATH", "PYDTNN_GPU_STANDIN")}
+    r = run_mpi(1, script, timeout=180, check=True, env=env)
     assert "NCCL OK" in r.stdout
-
-
-# ============================================== the CUDA kernels' own source, emulated on the CPU
-
-_EMULATION = r"""
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-struct Dim3 { unsigned int x, y, z; };
-static Dim3 blockIdx, threadIdx, blockDim, gridDim;
-#define __global__
-#define __shared__ static
-#define __syncthreads() ((void)0)
-using std::fmax; using std::min; using std::sqrt;
-static inline double __longlong_as_double(unsigned long long v) { double d; std::memcpy(&d, &v, 8); return d; }
-#define INDEX(gx, gy, bx) gridDim.x = gx; gridDim.y = gy; blockDim.x = bx; \
-    for (unsigned by = 0; by < (unsigned)gy; ++by) for (unsigned b = 0; b < (unsigned)gx; ++b) \
-    for (unsigned t = 0; t < (unsigned)bx; ++t) { blockIdx.x = b; blockIdx.y = by; threadIdx.x = t;
-KERNELS
-extern "C" void run_pool_fwd(int gx, int bx, const T* x, T* y, int* idx, long long total, int H, int W, int Ho,
-                             int Wo, int kh, int kw, int sh, int sw, int ph, int pw, int is_max) {
-    INDEX(gx, 1, bx) pool_fwd(x, y, idx, total, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, is_max); }
-}
-extern "C" void run_pool_bwd(int gx, int bx, const T* dy, const int* idx, T* dx, long long total, int H, int W,
-                             int Ho, int Wo, int kh, int kw, int sh, int sw, int ph, int pw, int is_max) {
-    INDEX(gx, 1, bx) pool_bwd(dy, idx, dx, total, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, is_max); }
-}
-extern "C" void run_bn_partial(const T* x, const T* dy, const double* shift, double* part, long long M, int C,
-                               int HW, int S, int backward) {
-    INDEX(S, C, 1) bn_partial(x, dy, shift, part, M, C, HW, S, backward); }     // one thread per block
-}
-extern "C" void run_bn_finalize_fwd(const double* part, const T* x, const T* gamma, int C, int HW, int S,
-                                    double m, double eps, T* mean_out, T* var_out, double* mean64,
-                                    double* scale64, double* invstd64) {
-    INDEX((C + 127) / 128, 1, 128) bn_finalize_fwd(part, x, gamma, C, HW, S, m, eps, mean_out, var_out,
-                                                   mean64, scale64, invstd64); }
-}
-extern "C" void run_bn_finalize_bwd(const double* part, const double* invstd64, const T* gamma, int C, int S,
-                                    double m, double* k1, double* k2, double* k3, T* dgamma, T* dbeta) {
-    INDEX((C + 127) / 128, 1, 128) bn_finalize_bwd(part, invstd64, gamma, C, S, m, k1, k2, k3, dgamma, dbeta); }
-}
-"""
-
-
-def _emulated_kernels(tmp_path, ctype):
-    import ctypes
-    import shutil
-    from pydtnn.backends import _gpu_kernels
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler to emulate the CUDA kernels on the CPU")
-    src = tmp_path / f"kernels_{ctype}.cpp"
-    src.write_text(_EMULATION.replace("KERNELS", f"typedef {ctype} T;\n" + _gpu_kernels._SOURCE))
-    lib = tmp_path / f"kernels_{ctype}.so"
-    r = subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return ctypes.CDLL(str(lib))
-
-
-def _ptr(a):
-    import ctypes
-    return ctypes.c_void_p(a.ctypes.data)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_pooling_kernels_source_emulated_on_cpu(tmp_path, dtype):
-    """The pooling kernels' CUDA source, compiled as C++ and run thread by thread, against the CPU backend
-    (what can be checked of them without a GPU: index arithmetic, tie rule, padding, gather backward)."""
-    import ctypes
-    lib = _emulated_kernels(tmp_path, {"float32": "float", "float64": "double"}[dtype])
-    i32, i64 = ctypes.c_int, ctypes.c_longlong
-    for xshape, (pool, stride, padding) in POOL_CASES:
-        for kind in ("max", "avg"):
-            for integers in (False, True):
-                spec = PoolSpec(kind, pool, stride, padding)
-                n, c, h, w = xshape
-                ho, wo = spec.output_hw(h, w)
-                x = data(xshape, dtype, 11, integers=integers)
-                dy = data((n, c, ho, wo), dtype, 12)
-                y_ref, ctx = CPU64.pool2d_forward(CPU64.to_internal(x), spec)
-                dx_ref = CPU64.to_user(CPU64.pool2d_backward(CPU64.to_internal(dy), ctx, spec))
-                xd, dyd = x.astype(dtype), dy.astype(dtype)
-                y, idx = np.empty((n, c, ho, wo), dtype), np.empty((n, c, ho, wo), np.int32)
-                dx = np.empty(xshape, dtype)
-                geo = [i32(v) for v in (h, w, ho, wo, *pool, *stride, *padding, kind == "max")]
-                lib.run_pool_fwd(i32(3), i32(7), _ptr(xd), _ptr(y), _ptr(idx), i64(y.size), *geo)
-                lib.run_pool_bwd(i32(3), i32(7), _ptr(dyd), _ptr(idx), _ptr(dx), i64(dx.size), *geo)
-                assert rel_err(y, CPU64.to_user(y_ref)) < TOL[dtype], (xshape, spec)
-                assert rel_err(dx, dx_ref) < TOL[dtype], (xshape, spec, integers)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (8, 7), (6, 5, 9, 10)], ids=str)
-def test_batchnorm_kernels_source_emulated_on_cpu(tmp_path, shape, dtype):
-    """The batch-norm kernels' CUDA source (one thread per block) plus the element-wise formulas, against
-    the CPU backend."""
-    import ctypes
-    lib = _emulated_kernels(tmp_path, {"float32": "float", "float64": "double"}[dtype])
-    i32, i64, f64 = ctypes.c_int, ctypes.c_longlong, ctypes.c_double
-    c = shape[1]
-    hw = int(np.prod(shape[2:])) if len(shape) == 4 else 1
-    m = int(np.prod(shape)) // c
-    x = np.asarray(data(shape, dtype, 21) * 3 + 1.5, dtype)
-    dy, gamma = data(shape, dtype, 22).astype(dtype), data((c,), dtype, 23).astype(dtype)
-    beta = data((c,), dtype, 24)
-    to_cpu = CPU64.to_internal if len(shape) == 4 else (lambda a: a)
-    to_user = CPU64.to_user if len(shape) == 4 else (lambda a: a)
-    y_ref, m_ref, v_ref, ctx = CPU64.batchnorm_forward_train(to_cpu(x.astype(np.float64)), gamma, beta, 1e-5)
-    dx_ref, dg_ref, db_ref = CPU64.batchnorm_backward(to_cpu(dy.astype(np.float64)), ctx)
-    s = 3
-    part = np.empty((c, s, 2))
-    mean, var = np.empty(c, dtype), np.empty(c, dtype)
-    mean64, scale64, invstd64 = np.empty(c), np.empty(c), np.empty(c)
-    lib.run_bn_partial(_ptr(x), _ptr(x), _ptr(part), _ptr(part), i64(m), i32(c), i32(hw), i32(s), i32(0))
-    lib.run_bn_finalize_fwd(_ptr(part), _ptr(x), _ptr(gamma), i32(c), i32(hw), i32(s), f64(m), f64(1e-5),
-                            _ptr(mean), _ptr(var), _ptr(mean64), _ptr(scale64), _ptr(invstd64))
-    bshape = (1, c, 1, 1) if len(shape) == 4 else (1, c)
-    y = (x - mean64.reshape(bshape)) * scale64.reshape(bshape) + beta.reshape(bshape)     # bn_apply
-    k1, k2, k3 = np.empty(c), np.empty(c), np.empty(c)
-    dgamma, dbeta = np.empty(c, dtype), np.empty(c, dtype)
-    lib.run_bn_partial(_ptr(x), _ptr(dy), _ptr(mean64), _ptr(part), i64(m), i32(c), i32(hw), i32(s), i32(1))
-    lib.run_bn_finalize_bwd(_ptr(part), _ptr(invstd64), _ptr(gamma), i32(c), i32(s), f64(m), _ptr(k1), _ptr(k2),
-                            _ptr(k3), _ptr(dgamma), _ptr(dbeta))
-    dx = k1.reshape(bshape) * dy + k2.reshape(bshape) * (x - mean64.reshape(bshape)) + k3.reshape(bshape)
-    for name, g, r in (("y", y, to_user(y_ref)), ("mean", mean, m_ref), ("var", var, v_ref),
-                       ("dx", dx, to_user(dx_ref)), ("dgamma", dgamma, dg_ref), ("dbeta", dbeta, db_ref)):
-        assert rel_err(g, r) < TOL[dtype], f"{name}: {rel_err(g, r):.2e}"

@@ -12,8 +12,10 @@ Two implementations of one call, `run(op, x, w, y, spec)` with op in "fprop" (x,
   cudnnGet*Algorithm_v7 heuristics or, with `autotune`, measured by cudnnFind*AlgorithmEx.
 
 `ConvRunner` uses the frontend where it is importable and falls back to the legacy API, per convolution
-geometry, where the frontend cannot build or run a graph (float64, an unusual geometry...); the
-PYDTNN_GPU_CONV environment variable ("frontend" | "legacy" | "auto") forces one. WHICH OF THE TWO IS THE
+geometry, where the frontend cannot build or run a graph (float64, an unusual geometry...), and
+altogether where the frontend cannot start (not installed, or installed without a loadable libcudnn).
+Which one: the `impl` argument ("frontend" | "legacy" | "auto") when given, else the PYDTNN_GPU_CONV
+environment variable, else "auto". WHICH OF THE TWO IS THE
 BETTER DEFAULT IS TO BE CONFIRMED BY MEASUREMENT ON THE DEVICE (scripts/bench_gpu.py --conv frontend /
 --conv legacy): gpu-notes.md has per-op frontend timings (N=64 C=K=64 56x56 3x3: fprop/dgrad/wgrad
 0.157/0.152/0.231 ms TF32, 0.364/0.244/0.570 ms strict fp32); the frontend's Python-side cost per
@@ -197,14 +199,23 @@ class FrontendConv:
         g.check_support()
         pack = {X: x.data.ptr, W: w.data.ptr, Y: y.data.ptr}
         if self.autotune:
-            self._autotune(g, pack)
+            plan = self._autotune(g, pack)
         else:
             g.build_plans()
-        return g, X, W, Y, int(g.get_workspace_size())
+            plan = None
+        if plan is not None:
+            return g, X, W, Y, int(g.get_workspace_size_plan_at_index(plan)), plan
+        return g, X, W, Y, int(g.get_workspace_size()), None
 
     def _autotune(self, g, pack):
-        """Build every plan, time each that runs, pin the fastest (the frontend's autotune, by hand)."""
+        """Build every plan, time each that runs, pin the fastest (the frontend's autotune, by hand).
+        Returns None when the graph's default plan is to run (the fastest selected with `select_plan`, or
+        nothing measurable), or the fastest plan's index where the frontend predates `select_plan`
+        (before 1.32: then `run` executes that plan by index)."""
         c = self.cudnn
+        if not hasattr(g, "execute_plan_at_index"):       # cannot time plans one by one: heuristics' choice
+            g.build_plans()
+            return None
         g.build_plans(c.build_plan_policy.ALL)
         best = None
         for i in range(g.get_execution_plan_count()):
@@ -219,10 +230,12 @@ class FrontendConv:
             if best is None or ms < best[0]:
                 best = (ms, i)
         if best is None:
-            g.build_plans()
-        else:
-            g.select_plan(best[1])
-            g.build_plans()
+            return None
+        if not hasattr(g, "select_plan"):
+            return best[1]
+        g.select_plan(best[1])
+        g.build_plans()
+        return None
 
     def run(self, op, x, w, y, spec):
         key = (op, x.shape, w.shape, y.shape, spec)
@@ -230,8 +243,12 @@ class FrontendConv:
         entry = self.graphs.get(key)
         if entry is None:
             entry = self.graphs[key] = self._build(op, x, w, y, spec)
-        g, X, W, Y, wsize = entry
-        g.execute({X: x.data.ptr, W: w.data.ptr, Y: y.data.ptr}, self.ws.ptr(wsize), handle=self.handle)
+        g, X, W, Y, wsize, plan = entry
+        pack = {X: x.data.ptr, W: w.data.ptr, Y: y.data.ptr}
+        if plan is None:
+            g.execute(pack, self.ws.ptr(wsize), handle=self.handle)
+        else:       # a frontend without select_plan: run the autotuned plan by its index
+            g.execute_plan_at_index(pack, self.ws.ptr(wsize), index=plan, handle=self.handle)
 
 
 # --------------------------------------------------------------------------- legacy C API (fallback)
@@ -374,8 +391,9 @@ class ConvRunner:
     """Frontend first, legacy API where the frontend is missing or declines a geometry (see the module
     docstring). `report()` says which implementation serves which convolution."""
 
-    def __init__(self, cupy, dtype, precision="fp32", impl="auto", autotune=False):
-        impl = os.environ.get("PYDTNN_GPU_CONV", impl) or "auto"
+    def __init__(self, cupy, dtype, precision="fp32", impl=None, autotune=False):
+        if impl is None:                         # an explicit argument beats the environment
+            impl = os.environ.get("PYDTNN_GPU_CONV") or "auto"
         if impl not in IMPLS:
             raise ConfigError(f"GPU convolution implementation must be one of {', '.join(IMPLS)}, got {impl!r}")
         self.cp, self.dtype, self.precision, self.impl, self.autotune = cupy, dtype, precision, impl, autotune
@@ -386,11 +404,14 @@ class ConvRunner:
         if impl in ("auto", "frontend"):
             try:
                 self.frontend = FrontendConv(cupy, dtype, precision, autotune, self.workspace)
-            except ImportError as e:
+            except (ImportError, RuntimeError, OSError) as e:
+                # ImportError: not installed; RuntimeError / OSError: installed, but its loader finds no
+                # usable libcudnn ("Unable to find symbol cudnnCreate" from create_handle)
+                why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
                 if impl == "frontend":
-                    raise ConfigError(f"the cuDNN frontend is not importable ({' '.join(str(e).split())}): "
-                                      "pip install nvidia-cudnn-frontend") from None
-                self.fallbacks["frontend"] = f"not importable: {e}"
+                    raise ConfigError(f"the cuDNN frontend cannot start ({why}): pip install "
+                                      "nvidia-cudnn-frontend and nvidia-cudnn-cu13 (or -cu12)") from None
+                self.fallbacks["frontend"] = f"cannot start: {why}"
 
     def _legacy(self, why=None):
         if self.legacy is None:

@@ -1,37 +1,48 @@
-"""CUDA kernels of the GPU backend (CuPy RawModule / ElementwiseKernel), compiled once per dtype.
+"""CUDA kernels of the GPU backend (one CuPy RawModule), compiled once per (device, dtype).
 
+Index arithmetic: every kernel takes `idx32`, set by the caller when every index it computes (inputs and
+outputs) is below 2**31; the kernels then divide in unsigned 32-bit, which is several times cheaper on the
+GPU than the 64-bit divide they use otherwise (one body, templated on the index type).
 Pooling (NCHW, one plane = H*W contiguous values per (n, c)):
 - forward: one thread per output; max keeps the FIRST arg-max in window order (row by row), padding is
   -inf; avg divides by kh*kw (padded zeros count), as the CPU backend does;
 - backward: one thread per INPUT element gathers the outputs whose window covers it (no atomics,
   deterministic, overlapping windows included); max adds dy where the stored arg-max is this element.
 Batch normalization (channel c of element (n, c, p), p < HW; 2-D (N, C) input is HW = 1):
-- `bn_partial`: per (channel, slice) block partial sums in double: sum(x - shift), sum((x - shift)^2)
-  with shift = the channel's first value (a stable one-pass variance), or in backward mode sum(dy) and
-  sum(dy * (x - mean));
+- `bn_partial`: one block per (channel, slice), both on gridDim.x (gridDim.y would cap channels at
+  65,535): partial sums in double of (x - shift) and (x - shift)^2 with shift = the channel's first value
+  (a stable one-pass variance), or in backward mode of dy and dy * (x - mean);
 - `bn_finalize_fwd` / `bn_finalize_bwd`: one thread per channel adds the partials and computes the
   per-channel coefficients; `bn_apply` / `bn_apply_bwd`: element-wise y = (x - mean) * scale + beta and
   dx = k1 dy + k2 (x - mean) + k3, in double.
+Random numbers (`uniform_fill`): counter-based, out[i] = SplitMix64 output number (offset + i) of the
+stream keyed by the seed, so a generator's whole state is two integers (seed, offset) that a checkpoint
+can save and restore (see `_gpu_random`).
 
-NOT RUN ON HARDWARE (written on a machine without a GPU); tests/test_gpu_backend.py checks every kernel
-against the CPU backend on the device.
+NOT RUN ON HARDWARE (written on a machine without a GPU). tests/test_gpu_backend.py checks every kernel
+against the CPU backend, on a device and, compiled as C++ on the host, through the stand-in harness
+(tests/gpu_standin).
 """
 from __future__ import annotations
 
 import numpy as np
 
 _SOURCE = r"""
-#define GRID_LOOP(i, n) for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
-                             i += (long long)blockDim.x * gridDim.x)
+#define GRID_STRIDE(I, i, n) for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < (I)(n); \
+                                  i += (I)blockDim.x * gridDim.x)
+typedef unsigned int idx32_t;
+typedef long long idx64_t;
 
-extern "C" __global__ void pool_fwd(const T* x, T* y, int* idx, long long total, int H, int W, int Ho, int Wo,
-                                    int kh, int kw, int sh, int sw, int ph, int pw, int is_max) {
-    GRID_LOOP(o, total) {
-        int wo = (int)(o % Wo);
-        long long t = o / Wo;
-        int ho = (int)(t % Ho);
-        long long nc = t / Ho;
-        const T* xp = x + nc * H * W;
+template <typename I>
+__device__ __forceinline__ void pool_fwd_body(const T* x, T* y, int* idx, I total, int H, int W, int Ho,
+                                              int Wo, int kh, int kw, int sh, int sw, int ph, int pw,
+                                              int is_max) {
+    GRID_STRIDE(I, o, total) {
+        int wo = (int)(o % (I)Wo);
+        I t = o / (I)Wo;
+        int ho = (int)(t % (I)Ho);
+        I nc = t / (I)Ho;
+        const T* xp = x + nc * (I)H * (I)W;
         T best = 0;
         int bi = -1;
         for (int i = 0; i < kh; ++i) {
@@ -57,22 +68,30 @@ extern "C" __global__ void pool_fwd(const T* x, T* y, int* idx, long long total,
     }
 }
 
-extern "C" __global__ void pool_bwd(const T* dy, const int* idx, T* dx, long long total, int H, int W,
-                                    int Ho, int Wo, int kh, int kw, int sh, int sw, int ph, int pw, int is_max) {
-    GRID_LOOP(q, total) {
-        int w = (int)(q % W);
-        long long t = q / W;
-        int h = (int)(t % H);
-        long long nc = t / H;
+extern "C" __global__ void pool_fwd(const T* x, T* y, int* idx, long long total, int H, int W, int Ho, int Wo,
+                                    int kh, int kw, int sh, int sw, int ph, int pw, int is_max, int idx32) {
+    if (idx32) pool_fwd_body<idx32_t>(x, y, idx, (idx32_t)total, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, is_max);
+    else pool_fwd_body<idx64_t>(x, y, idx, total, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, is_max);
+}
+
+template <typename I>
+__device__ __forceinline__ void pool_bwd_body(const T* dy, const int* idx, T* dx, I total, int H, int W,
+                                              int Ho, int Wo, int kh, int kw, int sh, int sw, int ph, int pw,
+                                              int is_max) {
+    GRID_STRIDE(I, q, total) {
+        int w = (int)(q % (I)W);
+        I t = q / (I)W;
+        int h = (int)(t % (I)H);
+        I nc = t / (I)H;
         int me = h * W + w;
         int a = h + ph - kh + 1, b = w + pw - kw + 1;
         int ho0 = a <= 0 ? 0 : (a + sh - 1) / sh, ho1 = min((h + ph) / sh, Ho - 1);
         int wo0 = b <= 0 ? 0 : (b + sw - 1) / sw, wo1 = min((w + pw) / sw, Wo - 1);
-        long long base = nc * Ho * Wo;
+        I base = nc * (I)Ho * (I)Wo;
         T acc = 0;
         for (int ho = ho0; ho <= ho1; ++ho) {
             for (int wo = wo0; wo <= wo1; ++wo) {
-                long long o = base + (long long)ho * Wo + wo;
+                I o = base + (I)(ho * Wo + wo);
                 if (!is_max || idx[o] == me) acc += dy[o];
             }
         }
@@ -80,16 +99,24 @@ extern "C" __global__ void pool_bwd(const T* dy, const int* idx, T* dx, long lon
     }
 }
 
-extern "C" __global__ void bn_partial(const T* x, const T* dy, const double* shift, double* part, long long M,
-                                      int C, int HW, int S, int backward) {
+extern "C" __global__ void pool_bwd(const T* dy, const int* idx, T* dx, long long total, int H, int W,
+                                    int Ho, int Wo, int kh, int kw, int sh, int sw, int ph, int pw, int is_max,
+                                    int idx32) {
+    if (idx32) pool_bwd_body<idx32_t>(dy, idx, dx, (idx32_t)total, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, is_max);
+    else pool_bwd_body<idx64_t>(dy, idx, dx, total, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, is_max);
+}
+
+template <typename I>
+__device__ __forceinline__ void bn_partial_body(const T* x, const T* dy, const double* shift, double* part,
+                                                I M, int C, int HW, int S, int backward) {
     __shared__ double s1[256];
     __shared__ double s2[256];
-    int c = blockIdx.y, s = blockIdx.x, tid = threadIdx.x;
-    double sh = backward ? shift[c] : (double)x[(long long)c * HW];
+    int c = blockIdx.x / S, s = blockIdx.x % S, tid = threadIdx.x;
+    double sh = backward ? shift[c] : (double)x[(I)c * (I)HW];
     double a1 = 0.0, a2 = 0.0;
-    for (long long j = (long long)s * blockDim.x + tid; j < M; j += (long long)S * blockDim.x) {
-        long long n = j / HW;
-        long long off = (n * C + c) * HW + (j - n * HW);
+    for (I j = (I)s * blockDim.x + tid; j < M; j += (I)S * blockDim.x) {
+        I n = j / (I)HW;
+        I off = (n * (I)C + (I)c) * (I)HW + (j - n * (I)HW);
         double d = (double)x[off] - sh;
         if (backward) {
             double g = (double)dy[off];
@@ -111,6 +138,13 @@ extern "C" __global__ void bn_partial(const T* x, const T* dy, const double* shi
         part[2 * ((long long)c * S + s)] = s1[0];
         part[2 * ((long long)c * S + s) + 1] = s2[0];
     }
+}
+
+// grid (C * S,), block (256,): block b is channel b / S, slice b % S
+extern "C" __global__ void bn_partial(const T* x, const T* dy, const double* shift, double* part, long long M,
+                                      int C, int HW, int S, int backward, int idx32) {
+    if (idx32) bn_partial_body<idx32_t>(x, dy, shift, part, (idx32_t)M, C, HW, S, backward);
+    else bn_partial_body<idx64_t>(x, dy, shift, part, M, C, HW, S, backward);
 }
 
 extern "C" __global__ void bn_finalize_fwd(const double* part, const T* x, const T* gamma, int C, int HW, int S,
@@ -151,33 +185,72 @@ extern "C" __global__ void bn_finalize_bwd(const double* part, const double* inv
     dgamma[c] = (T)(sdyx * is);
     dbeta[c] = (T)sdy;
 }
+
+template <typename I>
+__device__ __forceinline__ void bn_apply_body(const T* x, const double* mean, const double* scale,
+                                              const T* beta, T* y, I total, int HW, int C) {
+    GRID_STRIDE(I, i, total) {
+        int c = (int)((i / (I)HW) % (I)C);
+        y[i] = (T)(((double)x[i] - mean[c]) * scale[c] + (double)beta[c]);
+    }
+}
+
+extern "C" __global__ void bn_apply(const T* x, const double* mean, const double* scale, const T* beta, T* y,
+                                    long long total, int HW, int C, int idx32) {
+    if (idx32) bn_apply_body<idx32_t>(x, mean, scale, beta, y, (idx32_t)total, HW, C);
+    else bn_apply_body<idx64_t>(x, mean, scale, beta, y, total, HW, C);
+}
+
+template <typename I>
+__device__ __forceinline__ void bn_apply_bwd_body(const T* dy, const T* x, const double* mean, const double* k1,
+                                                  const double* k2, const double* k3, T* dx, I total, int HW,
+                                                  int C) {
+    GRID_STRIDE(I, i, total) {
+        int c = (int)((i / (I)HW) % (I)C);
+        dx[i] = (T)(k1[c] * (double)dy[i] + k2[c] * ((double)x[i] - mean[c]) + k3[c]);
+    }
+}
+
+extern "C" __global__ void bn_apply_bwd(const T* dy, const T* x, const double* mean, const double* k1,
+                                        const double* k2, const double* k3, T* dx, long long total, int HW,
+                                        int C, int idx32) {
+    if (idx32) bn_apply_bwd_body<idx32_t>(dy, x, mean, k1, k2, k3, dx, (idx32_t)total, HW, C);
+    else bn_apply_bwd_body<idx64_t>(dy, x, mean, k1, k2, k3, dx, total, HW, C);
+}
+
+__device__ __forceinline__ unsigned long long splitmix64_mix(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// out[i] in [0, 1): number (offset + i) of the SplitMix64 stream that starts at `key`
+extern "C" __global__ void uniform_fill(T* out, long long n, unsigned long long key, unsigned long long offset) {
+    GRID_STRIDE(idx64_t, i, n) {
+        unsigned long long h = splitmix64_mix(key + (offset + (unsigned long long)i + 1ULL) * 0x9E3779B97F4A7C15ULL);
+        out[i] = sizeof(T) == 4 ? (T)((float)(h >> 40) * (1.0f / 16777216.0f))
+                                : (T)((double)(h >> 11) * (1.0 / 9007199254740992.0));
+    }
+}
 """
 
 _CTYPES = {"float32": "float", "float64": "double"}
 _MODULES = {}
-_ELEMENTWISE = {}
+INDEX32_LIMIT = 2 ** 31      # every index below this: the kernels' 32-bit path (`idx32`)
 
 
 def module(cupy, dtype):
-    """The RawModule of `_SOURCE` for `dtype` (float32 / float64), compiled once per process."""
+    """The RawModule of `_SOURCE` for `dtype` (float32 / float64) on the current device, compiled once per
+    process. Keyed by device too (a module's functions are loaded on the device current at compilation),
+    and by the CuPy module itself (the test stand-in of CuPy compiles its own)."""
     name = np.dtype(dtype).name
-    mod = _MODULES.get(name)
+    key = (id(cupy), int(cupy.cuda.Device().id), name)
+    mod = _MODULES.get(key)
     if mod is None:
-        mod = _MODULES[name] = cupy.RawModule(code=f"typedef {_CTYPES[name]} T;\n" + _SOURCE)
+        mod = _MODULES[key] = cupy.RawModule(code=f"typedef {_CTYPES[name]} T;\n" + _SOURCE)
     return mod
 
 
-def elementwise(cupy):
-    """bn_apply(x, mean64, scale64, beta, HW, C) -> y and bn_apply_bwd(dy, x, mean64, k1, k2, k3, HW, C) -> dx."""
-    if not _ELEMENTWISE:
-        _ELEMENTWISE["bn_apply"] = cupy.ElementwiseKernel(
-            "T x, raw float64 mean, raw float64 scale, raw T beta, int64 HW, int64 C", "T y",
-            "long long c = (i / HW) % C; y = (T)(((double)x - mean[c]) * scale[c] + (double)beta[c]);",
-            "pydtnn_bn_apply")
-        _ELEMENTWISE["bn_apply_bwd"] = cupy.ElementwiseKernel(
-            "T dy, T x, raw float64 mean, raw float64 k1, raw float64 k2, raw float64 k3, int64 HW, int64 C",
-            "T dx",
-            "long long c = (i / HW) % C; "
-            "dx = (T)(k1[c] * (double)dy + k2[c] * ((double)x - mean[c]) + k3[c]);",
-            "pydtnn_bn_apply_bwd")
-    return _ELEMENTWISE
+def index32(*sizes) -> np.int32:
+    """The `idx32` argument: 1 when every size (so every index into those arrays) is below 2**31."""
+    return np.int32(max(int(s) for s in sizes) < INDEX32_LIMIT)

@@ -52,7 +52,7 @@ class GPUBackend(Backend):
     layout = "NCHW"
 
     def __init__(self, dtype="float32", seed: int = 0, device=None, precision: str = "fp32",
-                 auto_conv_alg: bool = False, conv_impl: str = "auto"):
+                 auto_conv_alg: bool = False, conv_impl: str | None = None):
         self.dtype = parse_dtype(dtype, "gpu")
         if precision not in PRECISIONS:
             raise ConfigError(f"GPU precision must be 'fp32' or 'tf32', got {precision!r}")
@@ -61,12 +61,13 @@ class GPUBackend(Backend):
         self.precision = precision
         self.auto_conv_alg = bool(auto_conv_alg)
         self.apply_precision()
-        self.rng = cupy.random.default_rng(seed)
-        from pydtnn.backends._cudnn import ConvRunner
-        self.conv = ConvRunner(cupy, self.dtype, precision, conv_impl, self.auto_conv_alg)
         from pydtnn.backends import _gpu_kernels
         self._kernels = _gpu_kernels
         self._fns = {}
+        self._unused_index = None
+        self.seed(seed)
+        from pydtnn.backends._cudnn import ConvRunner
+        self.conv = ConvRunner(cupy, self.dtype, precision, conv_impl, self.auto_conv_alg)
 
     def apply_precision(self) -> None:
         """Set CuPy's float32 matmul compute type (process-wide in CuPy) to this backend's precision; done at
@@ -98,7 +99,12 @@ class GPUBackend(Backend):
         return x
 
     def seed(self, seed: int) -> None:
-        self.rng = self.xp.random.default_rng(seed)
+        """A counter-based generator (`_gpu_random`): its state can be checkpointed, unlike CuPy's."""
+        from pydtnn.backends._gpu_random import CounterRNG
+        self.rng = CounterRNG(self.xp, self.dtype, self._uniform_fill, seed)
+
+    def _uniform_fill(self, out, key, offset):
+        self._launch("uniform_fill", out.size, (out, np.int64(out.size), key, offset))
 
     def synchronize(self) -> None:
         self.xp.cuda.runtime.deviceSynchronize()
@@ -194,6 +200,12 @@ class GPUBackend(Backend):
         (kh, kw), (sh, sw), (ph, pw) = spec.pool, spec.stride, spec.padding
         return tuple(np.int32(v) for v in (h, w, ho, wo, kh, kw, sh, sw, ph, pw, spec.kind == "max"))
 
+    def _no_index(self):
+        """The `int* idx` argument of average pooling, never read: an int32 array, as the signature says."""
+        if self._unused_index is None:
+            self._unused_index = self.xp.empty(1, np.int32)
+        return self._unused_index
+
     def pool2d_forward(self, x, spec: PoolSpec):
         x = self._c(x)
         n, c, h, w, ho, wo = self._pool_geometry(x, spec, "pool2d_forward")
@@ -201,8 +213,8 @@ class GPUBackend(Backend):
             return x.reshape(n, c, h * w).mean(axis=2).reshape(n, c, 1, 1), (x.shape, None)
         y = self.xp.empty((n, c, ho, wo), self.dtype)
         idx = self.xp.empty((n, c, ho, wo), np.int32) if spec.kind == "max" else None
-        self._launch("pool_fwd", y.size, (x, y, idx if idx is not None else y, np.int64(y.size))
-                     + self._pool_args(spec, h, w, ho, wo))
+        self._launch("pool_fwd", y.size, (x, y, idx if idx is not None else self._no_index(), np.int64(y.size))
+                     + self._pool_args(spec, h, w, ho, wo) + (self._kernels.index32(x.size, y.size),))
         return y, (x.shape, idx)
 
     def pool2d_backward(self, dy, ctx, spec: PoolSpec):
@@ -216,8 +228,8 @@ class GPUBackend(Backend):
         if self._is_global_avg(spec, h, w):
             dx[...] = dy * self.dtype.type(1.0 / (h * w))
             return dx
-        self._launch("pool_bwd", dx.size, (dy, idx if idx is not None else dy, dx, np.int64(dx.size))
-                     + self._pool_args(spec, h, w, ho, wo))
+        self._launch("pool_bwd", dx.size, (dy, idx if idx is not None else self._no_index(), dx, np.int64(dx.size))
+                     + self._pool_args(spec, h, w, ho, wo) + (self._kernels.index32(dx.size, dy.size),))
         return dx
 
     # --- batch normalization ------------------------------------------------------------------------
@@ -232,13 +244,21 @@ class GPUBackend(Backend):
         return x, c, hw, x.size // max(c, 1)
 
     def _bn_sums(self, x, dy, shift, c, hw, m, backward):
-        """Per-channel partial sums (see `_gpu_kernels`): returns (partials, number of slices)."""
+        """Per-channel partial sums (see `_gpu_kernels`): returns (partials, number of slices).
+        One block per (channel, slice), all on gridDim.x (its limit is 2**31 - 1, gridDim.y's 65,535)."""
         s = int(max(1, min(-(-528 // c), -(-m // _BLOCK))))          # about 4 blocks per SM in all
         part = self.xp.empty((c, s, 2), np.float64)
         shift = part if shift is None else shift                       # forward: the kernel reads x instead
-        self._fn("bn_partial")((s, c), (_BLOCK,), (x, dy, shift, part, np.int64(m), np.int32(c), np.int32(hw),
-                                                   np.int32(s), np.int32(backward)))
+        self._fn("bn_partial")((c * s,), (_BLOCK,), (x, dy, shift, part, np.int64(m), np.int32(c), np.int32(hw),
+                                                     np.int32(s), np.int32(backward),
+                                                     self._kernels.index32(x.size)))
         return part, s
+
+    def _bn_apply(self, x, mean64, scale64, beta, hw, c):
+        y = self.xp.empty_like(x)
+        self._launch("bn_apply", x.size, (x, mean64, scale64, beta, y, np.int64(x.size), np.int32(hw), np.int32(c),
+                                          self._kernels.index32(x.size)))
+        return y
 
     def _per_channel(self, name, c, args):
         self._fn(name)((-(-c // 128),), (128,), args)
@@ -255,7 +275,7 @@ class GPUBackend(Backend):
         self._per_channel("bn_finalize_fwd", c, (part, x, gamma, np.int32(c), np.int32(hw), np.int32(s),
                                                  np.float64(m), np.float64(eps), mean, var, mean64, scale64,
                                                  invstd64))
-        y = self._kernels.elementwise(cp)["bn_apply"](x, mean64, scale64, beta, hw, c)
+        y = self._bn_apply(x, mean64, scale64, beta, hw, c)
         return y, mean, var, (x, mean64, invstd64, gamma, hw)
 
     def batchnorm_forward_infer(self, x, gamma, beta, mean, var, eps: float):
@@ -264,7 +284,7 @@ class GPUBackend(Backend):
         mean64 = cp.asarray(mean, dtype=np.float64).reshape(-1)
         scale64 = cp.asarray(gamma, dtype=np.float64).reshape(-1) / cp.sqrt(
             cp.asarray(var, dtype=np.float64).reshape(-1) + eps)
-        return self._kernels.elementwise(cp)["bn_apply"](x, mean64, scale64, self._c(beta).reshape(-1), hw, c)
+        return self._bn_apply(x, mean64, scale64, self._c(beta).reshape(-1), hw, c)
 
     def batchnorm_backward(self, dy, ctx):
         cp = self.xp
@@ -279,5 +299,7 @@ class GPUBackend(Backend):
         dgamma, dbeta = cp.empty(c, self.dtype), cp.empty(c, self.dtype)
         self._per_channel("bn_finalize_bwd", c, (part, invstd64, gamma, np.int32(c), np.int32(s), np.float64(m),
                                                  k1, k2, k3, dgamma, dbeta))
-        dx = self._kernels.elementwise(cp)["bn_apply_bwd"](dy, x, mean64, k1, k2, k3, hw, c)
+        dx = cp.empty_like(x)
+        self._launch("bn_apply_bwd", x.size, (dy, x, mean64, k1, k2, k3, dx, np.int64(x.size), np.int32(hw),
+                                              np.int32(c), self._kernels.index32(x.size)))
         return dx, dgamma, dbeta

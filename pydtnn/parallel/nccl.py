@@ -6,8 +6,12 @@
   request whose `wait()` synchronizes with it (so gradient buckets reduce while backward goes on).
 - Host values (NumPy arrays, numbers) and everything that is not a hot path (allgather, weighted_mean,
   any_true, barrier, gather_object) go through an inner `MPIComm`.
-- Set-up: the device is chosen from the local rank and made current FIRST (`_gpu_device.use_device`), then
-  rank 0 creates the NCCL unique id and MPI broadcasts its 128 bytes, then every rank joins.
+- Set-up: the device is chosen from the local rank and made current FIRST (`_gpu_device.use_device`); the
+  ranks compare their devices (host name + PCI bus id, gathered by MPI) and refuse to start when two share
+  one; then rank 0 creates the NCCL unique id (`bytes` in CuPy >= 14, a tuple of ints before), MPI
+  broadcasts its 128 bytes, and every rank joins.
+- CuPy 14 imports `cupy.cuda.nccl` even without libnccl and sets `nccl.available = False`: that is a
+  one-line ConfigError here, not an AttributeError later.
 
 NCCL allows one rank per GPU: replicas that share a GPU, or mix GPUs and CPUs, reduce through MPI.
 
@@ -15,6 +19,7 @@ NOT RUN ON HARDWARE: written on a machine without a GPU; only the ConfigError pa
 """
 from __future__ import annotations
 
+import socket
 from typing import Sequence
 
 import numpy as np
@@ -25,6 +30,39 @@ from pydtnn.parallel.comm import Communicator, MPIComm
 NCCL_HINT = ("the NCCL communicator needs the GPU backend (CuPy with cupy.cuda.nccl, and an NVIDIA GPU): "
              "pip install '.[gpu]'")
 _UNIQUE_ID_BYTES = 128       # NCCL_UNIQUE_ID_BYTES
+
+
+def unique_id_to_bytes(uid) -> bytes:
+    """NCCL's unique id as 128 bytes: CuPy >= 14 returns bytes, older CuPy a tuple of (signed) chars."""
+    raw = bytes(uid) if isinstance(uid, (bytes, bytearray)) else bytes((int(v) & 0xFF) for v in uid)
+    if len(raw) != _UNIQUE_ID_BYTES:
+        raise RuntimeError(f"NCCL unique id has {len(raw)} bytes, expected {_UNIQUE_ID_BYTES}")
+    return raw
+
+
+def unique_id_for_cupy(raw: bytes, cupy_version: str):
+    """The id as `NcclCommunicator` takes it: bytes in CuPy >= 14, a tuple of signed chars before."""
+    major = int(str(cupy_version).split(".")[0])
+    if major >= 14:
+        return bytes(raw)
+    return tuple(int(v) for v in np.frombuffer(raw, dtype=np.int8))
+
+
+def shared_devices(identities) -> list[tuple[list[int], object]]:
+    """[(ranks, identity)] for every device identity that more than one rank holds."""
+    ranks = {}
+    for rank, ident in enumerate(identities):
+        ranks.setdefault(tuple(ident) if isinstance(ident, list) else ident, []).append(rank)
+    return [(r, ident) for ident, r in ranks.items() if len(r) > 1]
+
+
+def _device_identity(cupy, device: int):
+    """(host, PCI bus id) of `device`: equal for two ranks exactly when they would share one GPU."""
+    try:
+        bus = str(cupy.cuda.Device(device).pci_bus_id)
+    except Exception:  # noqa: BLE001 - a CuPy without pci_bus_id: the device's UUID is as unique
+        bus = bytes(cupy.cuda.runtime.getDeviceProperties(device)["uuid"]).hex()
+    return (socket.gethostname(), bus.lower())
 
 
 class _NCCLRequest:
@@ -53,18 +91,33 @@ class NCCLComm(Communicator):
             raise ConfigError(str(e).replace(GPU_HINT, NCCL_HINT)) from None
         except ImportError as e:
             raise ConfigError(f"{NCCL_HINT} ({' '.join(str(e).split())})") from None
+        if not getattr(nccl, "available", True):
+            raise ConfigError(f"{NCCL_HINT} (this CuPy finds no libnccl: pip install nvidia-nccl-cu13, or -cu12 "
+                              "for CUDA 12)")
         self.cp, self.nccl = cupy, nccl
         self.mpi = MPIComm(mpi_comm)
-        uid = np.zeros(_UNIQUE_ID_BYTES, dtype=np.int8)
+        self._refuse_shared_gpus()
+        uid = np.zeros(_UNIQUE_ID_BYTES, dtype=np.uint8)
         if self.mpi.rank == 0:
-            uid[:] = np.asarray(nccl.get_unique_id(), dtype=np.int64).astype(np.int8)
+            uid[:] = np.frombuffer(unique_id_to_bytes(nccl.get_unique_id()), dtype=np.uint8)
         self.mpi.comm.Bcast(uid, root=0)
-        self.comm = nccl.NcclCommunicator(self.mpi.size, tuple(int(v) for v in uid), self.mpi.rank)
+        self.comm = nccl.NcclCommunicator(self.mpi.size, unique_id_for_cupy(uid.tobytes(), cupy.__version__),
+                                          self.mpi.rank)
         self.side_stream = cupy.cuda.Stream(non_blocking=True)
         self._types = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
                        np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.int32): nccl.NCCL_INT32,
                        np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint8): nccl.NCCL_UINT8,
                        np.dtype(np.int8): nccl.NCCL_INT8}
+
+    def _refuse_shared_gpus(self):
+        """Every rank raises the same ConfigError when two ranks would share a GPU (NCCL would end in
+        "Duplicate GPU detected" after the ranks have hung in its set-up)."""
+        shared = shared_devices(self.mpi.comm.allgather(_device_identity(self.cp, self.device)))
+        if shared:
+            ranks, (host, bus) = shared[0]
+            raise ConfigError(f"NCCL needs one GPU per rank, but ranks {', '.join(map(str, ranks))} share the GPU "
+                              f"at PCI bus {bus} on {host}: run one rank per GPU, or drop --enable_nccl (MPI "
+                              "then reduces through host buffers)")
 
     @property
     def rank(self) -> int:

@@ -1,0 +1,58 @@
+"""The GPU backend's random generator: counter-based, so its whole state is two integers.
+
+`cupy.random.Generator` keeps its state on the device with no public way to read or restore it, so a
+checkpoint could not capture it and a resumed run drew different dropout masks. `CounterRNG` draws number
+k of a SplitMix64 stream keyed by the seed (kernel `uniform_fill` in `_gpu_kernels`): the state is
+(seed, offset), advanced by the count of numbers drawn.
+
+It offers the part of NumPy's Generator protocol that the rest of PyDTNN uses: `random(shape, dtype)` and
+`bit_generator.state` (a JSON-able dict, read and assigned by the trainer's checkpoints and the launcher's
+speed probe exactly as for the CPU backend's NumPy generator).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+KIND = "pydtnn.CounterRNG/splitmix64"
+_MASK64 = (1 << 64) - 1
+
+
+def splitmix64_mix(z: int) -> int:
+    """SplitMix64's output function (the kernel's `splitmix64_mix`), on Python ints."""
+    z &= _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+class CounterRNG:
+    """Uniform [0, 1) numbers on the device; `fill(out, key, offset)` launches the kernel."""
+
+    def __init__(self, xp, dtype, fill, seed: int = 0):
+        self.xp, self.dtype, self._fill = xp, np.dtype(dtype), fill
+        self.seed_value, self.offset = int(seed) & _MASK64, 0
+
+    @property
+    def bit_generator(self):
+        """NumPy's Generator keeps its state on `bit_generator.state`; so does this one (itself)."""
+        return self
+
+    @property
+    def state(self) -> dict:
+        return {"bit_generator": KIND, "seed": self.seed_value, "offset": self.offset}
+
+    @state.setter
+    def state(self, value: dict) -> None:
+        if not isinstance(value, dict) or value.get("bit_generator") != KIND:
+            kind = value.get("bit_generator") if isinstance(value, dict) else type(value).__name__
+            raise ValueError(f"not a GPU generator state ({KIND}), got {kind!r}")
+        self.seed_value, self.offset = int(value["seed"]) & _MASK64, int(value["offset"])
+
+    def random(self, size, dtype=None):
+        """Uniform [0, 1) numbers of `size` (a shape) in the backend's dtype (or `dtype`, converted)."""
+        shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
+        out = self.xp.empty(shape, self.dtype)
+        if out.size:
+            self._fill(out, np.uint64(splitmix64_mix(self.seed_value)), np.uint64(self.offset & _MASK64))
+            self.offset += int(out.size)
+        return out if dtype is None or np.dtype(dtype) == self.dtype else out.astype(dtype)

@@ -1,0 +1,242 @@
+"""The part of CuPy that PyDTNN's GPU backend and NCCL communicator use, standing in on the host.
+
+`build_modules()` returns {module name: module} for sys.modules: `cupy`, `cupy.cuda`, `cupy.cuda.runtime`,
+`cupy.cuda.nccl`, `cupy._core`, `cupy._core._routines_linalg`. Array functions are NumPy's, taking and
+returning `DeviceArray`s; creation functions copy host data (device memory never aliases a host array);
+every other function refuses host arrays as CuPy does. Deliberately absent: `cupy.random` (the backend
+must not depend on it: its state cannot be checkpointed) and `ElementwiseKernel` (all kernels are
+RawModule source, which the stand-in compiles). The number of devices is $PYDTNN_STANDIN_DEVICES
+(default 1); device i has PCI bus id 0000:0i:00.0.
+"""
+from __future__ import annotations
+
+import os
+import types
+
+import numpy as np
+
+from . import fake_nccl
+from .device_memory import DeviceArray, refuse_host, to_base, wrap
+from .host_kernels import RawModule
+
+VERSION = "14.2.0"          # the CuPy the device machine has; parallel/nccl.py reads the major
+CALLS: list[tuple] = []     # set_compute_type calls and synchronizations, for tests
+
+
+def _device_count() -> int:
+    return int(os.environ.get("PYDTNN_STANDIN_DEVICES", "1"))
+
+
+class _State:
+    current_device = 0
+
+
+# ------------------------------------------------------------------------------------------ arrays
+
+def _to_device(a, dtype=None, order="K"):
+    """A fresh device copy of host data (or a device array, converted only when needed)."""
+    if isinstance(a, DeviceArray):
+        return a if dtype is None or a.dtype == np.dtype(dtype) else a.astype(dtype)
+    return np.array(a, dtype=dtype, order=order, copy=True).view(DeviceArray)
+
+
+def asarray(a, dtype=None, order=None):
+    return _to_device(a, dtype)
+
+
+def array(a, dtype=None, copy=True, order="K", ndmin=0):
+    out = np.array(to_base(a), dtype=dtype, copy=True, order=order, ndmin=ndmin)
+    return out.view(DeviceArray)
+
+
+def ascontiguousarray(a, dtype=None):
+    if isinstance(a, DeviceArray):
+        if a.flags.c_contiguous and a.ndim >= 1 and (dtype is None or np.dtype(dtype) == a.dtype):
+            return a                            # as CuPy: the same object, no copy
+        return wrap(np.ascontiguousarray(to_base(a), dtype=dtype))
+    return _to_device(np.ascontiguousarray(a, dtype=dtype))
+
+
+def asnumpy(a, stream=None):
+    return a.get() if isinstance(a, DeviceArray) else np.asarray(a)
+
+
+def _numpy_function(name):
+    f = getattr(np, name)
+
+    def device_function(*args, **kwargs):
+        refuse_host(f"cupy.{name}", args + tuple(kwargs.values()))
+        args = tuple(_base_nested(a) for a in args)
+        kwargs = {k: _base_nested(v) for k, v in kwargs.items()}
+        return wrap(f(*args, **kwargs))
+    device_function.__name__ = name
+    return device_function
+
+
+def _base_nested(a):
+    if isinstance(a, (tuple, list)):
+        return type(a)(_base_nested(v) for v in a)
+    return to_base(a)
+
+
+# --------------------------------------------------------------------------------------- cupy.cuda
+
+class Device:
+    def __init__(self, device=None):
+        self.id = _State.current_device if device is None else int(device)
+        if not 0 <= self.id < _device_count():
+            raise RuntimeError(f"cudaErrorInvalidDevice: invalid device ordinal {self.id} (stand-in)")
+
+    def use(self):
+        _State.current_device = self.id
+
+    def __enter__(self):
+        self._previous = _State.current_device
+        self.use()
+        return self
+
+    def __exit__(self, *exc):
+        _State.current_device = self._previous
+
+    def synchronize(self):
+        CALLS.append(("synchronize", self.id))
+
+    @property
+    def pci_bus_id(self) -> str:
+        return f"0000:{self.id:02X}:00.0"
+
+    @property
+    def compute_capability(self) -> str:
+        return "90"
+
+
+class Stream:
+    _next_ptr = 0x5000
+
+    def __init__(self, null=False, non_blocking=False, ptds=False):
+        Stream._next_ptr += 0x10
+        self.ptr = 0 if null else Stream._next_ptr
+        self.device_id = _State.current_device
+
+    def synchronize(self):
+        pass
+
+    def wait_event(self, event):
+        if not isinstance(event, Event):
+            raise TypeError(f"Stream.wait_event takes an Event, got {type(event).__name__}")
+
+    def record(self, event=None):
+        event = event or Event()
+        event.record(self)
+        return event
+
+
+class Event:
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self.disable_timing = disable_timing
+        self.recorded = False
+
+    def record(self, stream=None):
+        if stream is not None and not isinstance(stream, Stream):
+            raise TypeError(f"Event.record takes a Stream, got {type(stream).__name__}")
+        self.recorded = True
+
+    def synchronize(self):
+        pass
+
+    @property
+    def done(self):
+        return True
+
+
+_NULL_STREAM = Stream(null=True)
+
+
+def get_current_stream(device=None):
+    return _NULL_STREAM
+
+
+def get_elapsed_time(start, end):
+    for e in (start, end):
+        if not e.recorded or e.disable_timing:
+            raise RuntimeError("get_elapsed_time needs two recorded events with timing (stand-in)")
+    return 0.01
+
+
+def _runtime_module():
+    rt = types.ModuleType("cupy.cuda.runtime")
+    rt.getDeviceCount = _device_count
+    rt.deviceSynchronize = lambda: CALLS.append(("deviceSynchronize",))
+    rt.runtimeGetVersion = lambda: 13000
+    rt.driverGetVersion = lambda: 13000
+    rt.getDeviceProperties = lambda i: {"name": b"stand-in (host)", "uuid": bytes([int(i)] * 16),
+                                        "multiProcessorCount": 132, "totalGlobalMem": 1 << 34}
+    return rt
+
+
+def _linalg_module():
+    lin = types.ModuleType("cupy._core._routines_linalg")
+    lin.COMPUTE_TYPE_DEFAULT, lin.COMPUTE_TYPE_TF32 = 0, 5
+
+    def set_compute_type(dtype, compute_type):
+        if compute_type not in (lin.COMPUTE_TYPE_DEFAULT, lin.COMPUTE_TYPE_TF32):
+            raise ValueError(f"unknown compute type {compute_type!r}")
+        CALLS.append(("set_compute_type", np.dtype(dtype).name, compute_type))
+    lin.set_compute_type = set_compute_type
+    return lin
+
+
+# -------------------------------------------------------------------------------------- the module
+
+_CREATION = ("empty", "zeros", "ones", "full", "arange", "linspace", "eye", "identity")
+_LIKE = ("empty_like", "zeros_like", "ones_like", "full_like")
+
+
+class _CupyModule(types.ModuleType):
+    """`cupy`: named functions here, else NumPy's function of that name on device arrays."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name in ("random", "ElementwiseKernel", "ReductionKernel", "RawKernel", "fuse"):
+            raise AttributeError(f"the CuPy stand-in has no cupy.{name} (the backend does not rely on it)")
+        value = getattr(np, name, None)
+        if value is None:
+            raise AttributeError(f"module 'cupy' (stand-in) has no attribute {name!r}")
+        if isinstance(value, (type, np.dtype, float, int)):
+            return value                       # dtypes (cupy.float32), constants (cupy.pi)
+        if callable(value) and not isinstance(value, types.ModuleType):
+            fn = _numpy_function(name)
+            setattr(self, name, fn)
+            return fn
+        raise AttributeError(f"module 'cupy' (stand-in) has no attribute {name!r}")
+
+
+def build_modules() -> dict:
+    cupy = _CupyModule("cupy", __doc__)
+    cupy.__version__ = VERSION
+    cupy.__standin__ = True
+    cupy.ndarray = DeviceArray
+    cupy.asarray, cupy.array, cupy.ascontiguousarray, cupy.asnumpy = asarray, array, ascontiguousarray, asnumpy
+    cupy.RawModule = RawModule
+    cupy.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None,
+                                                                 used_bytes=lambda: 0)
+    for name in _CREATION + _LIKE:
+        setattr(cupy, name, _numpy_function(name))
+
+    def get_array_module(*arrays):
+        return cupy if any(isinstance(a, DeviceArray) for a in arrays) else np
+    cupy.get_array_module = get_array_module
+
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.Device, cuda.Stream, cuda.Event = Device, Stream, Event
+    cuda.get_current_stream, cuda.get_elapsed_time = get_current_stream, get_elapsed_time
+    cuda.runtime = _runtime_module()
+    cuda.nccl = fake_nccl.build_module()
+    cupy.cuda = cuda
+
+    core = types.ModuleType("cupy._core")
+    core._routines_linalg = _linalg_module()
+    cupy._core = core
+    return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": cuda.runtime, "cupy.cuda.nccl": cuda.nccl,
+            "cupy._core": core, "cupy._core._routines_linalg": core._routines_linalg}
