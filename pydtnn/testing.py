@@ -91,8 +91,9 @@ def check_gradients(layer, input_shape, *, batch_size=2, backend="cpu", seed=0, 
                     eps=1e-4, n_coords=None, training=True, stencil=4) -> dict:
     """Check a layer's backward (dx and every parameter gradient) against finite differences.
 
-    Builds `Input(input_shape)` + `layer` in float64 on `backend` (a name: "cpu", "gpu"), feeds a batch of
-    `batch_size` standard-normal samples drawn from `seed`, and returns {tensor name: max relative error}
+    Builds `Input(input_shape)` + `layer` in float64 on `backend` (a name, "cpu" or "gpu", or a float64
+    Backend object), feeds a batch of `batch_size` standard-normal samples drawn from `seed`, and
+    returns {tensor name: max relative error}
     ("x" for the input, "layer_name/param" for parameters). Raises AssertionError naming the worst tensor
     when any error exceeds `rtol`, or when the layer modified its input or its incoming gradient in place.
     The defaults (4-point differences, eps 1e-4) keep round-off and truncation near 1e-9 for smooth
