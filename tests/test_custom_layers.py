@@ -168,3 +168,36 @@ def test_docs_examples_run(backend_name):
     x = np.ones((2, 3, 8, 5))
     out = model.backend.to_numpy(model.forward(x))
     np.testing.assert_array_equal(out, x * np.array([1.0, 2.0, 3.0])[None, :, None, None])
+
+
+def test_builtin_layers_opt_out_of_the_boundary():
+    """Every built-in layer declares the internal layout, so built-in models never transpose for it."""
+    import pydtnn.layers as layers
+    builtins = [getattr(layers, n) for n in layers.__all__ if n != "Layer"]
+    assert len(builtins) == 15 and all(cls.internal_layout for cls in builtins)
+    assert Layer.internal_layout is False
+
+
+def count_conversions(monkeypatch, with_user_layer):
+    model = Model(backend="cpu", dtype="float64")
+    model.add(Input(shape=(3, 6, 5)))
+    model.add(Conv2D(nfilters=3, filter_shape=(3, 3), padding=1, activation="relu"))
+    if with_user_layer:
+        model.add(PerChannelScale())
+    model.add(Flatten())
+    model.add(FC(shape=(2,)))
+    calls = []
+    for name in ("to_user", "to_internal"):
+        real = getattr(model.backend, name)
+        monkeypatch.setattr(model.backend, name, lambda a, real=real, name=name: calls.append(name) or real(a))
+    model.forward(np.ones((2, 3, 6, 5)), training=True)
+    model.backward(model.backend.asarray(np.ones((2, 2))))
+    return len(calls)
+
+
+def test_conversions_happen_only_around_the_user_layer(monkeypatch):
+    """On the CPU (NHWC inside) a user layer costs one to_user + one to_internal each way; the built-ins
+    convert only at the model's edges (Input and Flatten, each way), as before the boundary existed."""
+    builtin_only = count_conversions(monkeypatch, False)
+    assert builtin_only == 4
+    assert count_conversions(monkeypatch, True) == builtin_only + 4
