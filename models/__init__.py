@@ -16,6 +16,7 @@ their strides; VGG / AlexNet size their first FC layer from the flattened featur
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import importlib.util
@@ -68,8 +69,28 @@ def is_model_file(name_or_path) -> bool:
     return text.endswith(".py") or os.sep in text or (os.altsep is not None and os.altsep in text)
 
 
+@contextlib.contextmanager
+def _importable_folder(folder):
+    """Put `folder` first on sys.path for the duration (a model file's `import mylayers` finds its
+    neighbour), then take off exactly the entry added: nothing leaks to later imports."""
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if added:
+            try:
+                sys.path.remove(folder)
+            except ValueError:       # the model file took it off itself
+                pass
+
+
 def load_model_file(path):
-    """Import a user's model file and return its `create_model` function (ConfigError naming the file)."""
+    """Import a user's model file and return its `create_model` function (ConfigError naming the file).
+
+    The file's folder is importable while the file runs, so it may import modules beside it.
+    """
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
         raise ConfigError(f"model file {path} does not exist")
@@ -80,7 +101,8 @@ def load_model_file(path):
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        with _importable_folder(os.path.dirname(path)):
+            spec.loader.exec_module(module)
     except Exception as e:         # SyntaxError, ImportError, anything its top level raises
         sys.modules.pop(module_name, None)
         raise ConfigError(f"model file {path} failed to load: {type(e).__name__}: {_one_line(e)}") from e
@@ -108,7 +130,8 @@ def _build_from_file(path, model, nclasses, input_shape):
     if input_shape is not None and "input_shape" in params:
         kwargs["input_shape"] = _common.check_input_shape(input_shape, f"model file {path}")
     try:
-        create(model, **kwargs)
+        with _importable_folder(os.path.dirname(path)):     # create_model may import lazily too
+            create(model, **kwargs)
     except Exception as e:
         kind = type(e).__name__
         raise ConfigError(f"model file {path}: create_model failed: {kind}: {_one_line(e)}") from e

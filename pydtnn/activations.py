@@ -7,6 +7,7 @@ from pydtnn.layers.base import Layer
 
 
 class Relu(Layer):
+    internal_layout = True      # works on the backend's layout directly (no transposes)
     def forward(self, x, training=False):
         self.y = self.xp.maximum(x, 0)
         return self.y
@@ -16,6 +17,7 @@ class Relu(Layer):
 
 
 class LeakyRelu(Layer):
+    internal_layout = True      # works on the backend's layout directly (no transposes)
     def __init__(self, negative_slope=0.01, name=None):
         super().__init__(name=name)
         self.negative_slope = float(negative_slope)
@@ -36,6 +38,7 @@ def stable_sigmoid(xp, x, e=None):
 
 
 class Sigmoid(Layer):
+    internal_layout = True      # works on the backend's layout directly (no transposes)
     def forward(self, x, training=False):
         self.y = stable_sigmoid(self.xp, x)
         return self.y
@@ -45,6 +48,7 @@ class Sigmoid(Layer):
 
 
 class Tanh(Layer):
+    internal_layout = True      # works on the backend's layout directly (no transposes)
     def forward(self, x, training=False):
         self.y = self.xp.tanh(x)
         return self.y
@@ -55,6 +59,7 @@ class Tanh(Layer):
 
 class Softmax(Layer):
     """Softmax over features. A categorical cross-entropy loss fuses with it (see losses.py)."""
+    internal_layout = True      # works on the backend's layout directly (no transposes)
 
     def build(self, in_shape):
         if len(in_shape) != 1:

@@ -130,7 +130,7 @@ class Model:
         if not self.layers:
             raise ShapeError("the model has no layers")
         for layer in self.layers[:upto]:
-            x = layer.forward(x, training)
+            x = layer.forward_internal(x, training)     # NCHW conversion only around a user layer
         return self.backend.to_user(x) if x.ndim == 4 else x
 
     def backward(self, dy, on_grads_ready=None, start=None, need_dx=True):
@@ -146,7 +146,7 @@ class Model:
         if len(self.layers) > 1:
             self.layers[1].input_grad_needed = need_dx
         for i in range(stop - 1, -1 if need_dx else 0, -1):
-            dy = self.layers[i].backward(dy)
+            dy = self.layers[i].backward_internal(dy)
             if on_grads_ready is not None and self.layers[i].nparams:
                 on_grads_ready(self._starts[i])
         return dy if need_dx else None
@@ -202,6 +202,27 @@ class Model:
                     raise CheckpointError(f"{source}: {key} has shape {value.shape}, the model expects "
                                           f"{tuple(target.shape)}")
                 target[...] = self.backend.asarray(value)
+
+    def predict(self, x, batch_size=256):
+        """Inference-mode outputs for host array x (N, *input_shape), batch by batch, as one host array."""
+        x = np.asarray(x)
+        if int(batch_size) < 1:
+            raise ConfigError(f"predict: batch_size must be at least 1, got {batch_size}")
+        if len(x) == 0:
+            raise ShapeError("predict needs at least one sample")
+        outs = [self.backend.to_numpy(self.forward(x[start:start + batch_size], training=False))
+                for start in range(0, len(x), int(batch_size))]
+        return np.concatenate(outs)
+
+    def save(self, path):
+        """Write the weights and running statistics to an NPZ file (the launcher's weights file format)."""
+        from pydtnn.checkpoint import save_weights
+        save_weights(path, self)
+
+    def load(self, path):
+        """Read weights written by `save` or by the launcher (`--save_weights_and_bias_filename`)."""
+        from pydtnn.checkpoint import load_weights
+        load_weights(path, self)
 
     # --- reporting ----------------------------------------------------------------------------------
     def summary(self) -> str:

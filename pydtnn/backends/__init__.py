@@ -6,8 +6,9 @@ A backend object carries
 - `dtype`: the floating dtype of parameters and activations;
 - `layout`: the INTERNAL layout of 4-D activations, "NHWC" (CPU: channels contiguous, so a convolution
   is a GEMM over channels) or "NCHW". Users never see it: `to_internal`/`to_user` convert at the edges
-  of the model (Input, Flatten, model outputs), so weights, Flatten's order and checkpoints are NCHW
-  everywhere;
+  of the model (Input, Flatten, model outputs) and around user layers (those without
+  `internal_layout = True`, see pydtnn/layers/base.py), so weights, Flatten's order, checkpoints and
+  custom layers are NCHW everywhere;
 - `rng`: a seeded random generator (dropout masks, augmentation on device);
 - the heavy kernels below.
 

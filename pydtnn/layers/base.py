@@ -3,6 +3,13 @@
 A layer is written once for every backend: its math goes through `self.xp` (numpy or cupy) and the
 heavy kernels of `self.backend`. Shapes seen by users are per-sample and NCHW-ordered: (C, H, W) for
 images, (F,) for features.
+
+Layout boundary: a layer's `forward`/`backward` get and return 4-D arrays in NCHW (axis 1 = channels) on
+every backend, unless its class sets `internal_layout = True`: then they are in the backend's internal
+layout (`backend.layout`, channels on `backend.channel_axis`), which is what every built-in layer does to
+avoid transposes. The model and the blocks call `forward_internal`/`backward_internal`, which convert
+only around a layer that did not opt in, and only when the backend's layout is not NCHW already.
+The whole contract is in docs/custom_layers.md.
 """
 from __future__ import annotations
 
@@ -24,7 +31,12 @@ def pair(value, what, layer_name):
 
 
 class Layer:
-    """Base layer. Subclasses override `build`, `forward`, `backward` and, if trainable, `param_specs`."""
+    """Base layer. Subclasses override `build`, `forward`, `backward` and, if trainable, `param_specs`
+    (or call `add_weight` from `build`)."""
+
+    # False: forward/backward see 4-D arrays as NCHW on every backend (the model converts at the boundary).
+    # True: they see the backend's internal layout (NHWC on the CPU); built-in layers declare it.
+    internal_layout = False
 
     def __init__(self, activation=None, name=None):
         self.activation = activation        # shortcut: the model adds this activation layer right after
@@ -36,6 +48,7 @@ class Layer:
         self._param_values = {}             # name -> array (a view of the model's flat buffer once packed)
         self._grad_values = {}
         self.input_grad_needed = True       # False for the first layer in training: nothing uses its dx
+        self._added_weights = {}            # add_weight: name -> (shape, initializer, fan_in, fan_out)
 
     # --- wiring -------------------------------------------------------------------------------------
     @property
@@ -67,8 +80,25 @@ class Layer:
         """Hook for non-trainable state (BatchNormalization's running statistics)."""
 
     def param_specs(self) -> dict:
-        """name -> (shape, initializer, fan_in, fan_out), in a fixed order."""
-        return {}
+        """name -> (shape, initializer, fan_in, fan_out), in a fixed order (by default, the `add_weight`s)."""
+        return dict(self._added_weights)
+
+    def add_weight(self, name, shape, initializer="zeros", fan_in=None, fan_out=None):
+        """Declare a parameter from `build` (a shortcut for overriding `param_specs`).
+
+        Its value and gradient are then `self.get_param(name)` / `self.get_grad(name)`, or attributes
+        through `ParamAttr(name)` / `ParamAttr(name, grad=True)` declared on the class. `fan_in` /
+        `fan_out` feed the He/Glorot/LeCun initializers; they default to the product of all axes but the
+        first, and to the first axis.
+        """
+        shape = tuple(int(d) for d in shape)
+        if name in self._added_weights:
+            raise ConfigError(f"layer {self.name} ({self.type_name}): weight {name!r} declared twice")
+        if fan_in is None:
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+        if fan_out is None:
+            fan_out = shape[0]
+        self._added_weights[name] = (shape, initializer, int(fan_in), int(fan_out))
 
     def shape_error(self, message):
         return ShapeError(f"layer {self.name} ({self.type_name}) with input shape {self.in_shape}: {message}")
@@ -99,6 +129,11 @@ class Layer:
         return []
 
     @property
+    def channel_axis(self) -> int:
+        """The channel axis of the 4-D arrays this layer's forward/backward see (1 unless internal_layout)."""
+        return self.backend.channel_axis if self.internal_layout else 1
+
+    @property
     def nparams(self) -> int:
         return sum(int(np.prod(s)) for s, *_ in self.param_specs().values())
 
@@ -111,6 +146,26 @@ class Layer:
 
     def backward(self, dy):
         raise NotImplementedError
+
+    # --- what the model and blocks call: forward/backward on arrays in the backend's internal layout ---
+    def _needs_boundary(self, a):
+        return a.ndim == 4 and not self.internal_layout and self.backend.layout != "NCHW"
+
+    def forward_internal(self, x, training=False):
+        if self._needs_boundary(x):
+            x = self.backend.to_user(x)
+        y = self.forward(x, training)
+        if y is not None and self._needs_boundary(y):
+            y = self.backend.to_internal(y)
+        return y
+
+    def backward_internal(self, dy):
+        if self._needs_boundary(dy):
+            dy = self.backend.to_user(dy)
+        dx = self.backward(dy)
+        if dx is not None and self._needs_boundary(dx):
+            dx = self.backend.to_internal(dx)
+        return dx
 
 
 class ParamAttr:

@@ -8,6 +8,7 @@ from pydtnn.layers.base import Layer, ParamAttr
 
 
 class BatchNormalization(Layer):
+    internal_layout = True      # works on the backend's layout directly (no transposes)
     gamma, beta = ParamAttr("gamma"), ParamAttr("beta")
     dgamma, dbeta = ParamAttr("gamma", grad=True), ParamAttr("beta", grad=True)
 

@@ -8,6 +8,7 @@ from pydtnn.layers.base import Layer
 
 
 class _Block(Layer):
+    internal_layout = True      # works on the backend's layout directly (no transposes)
     def __init__(self, *paths, name=None):
         super().__init__(name=name)
         if not paths:
@@ -50,7 +51,7 @@ class _Block(Layer):
         for path in self.paths:
             y = x
             for layer in path:
-                y = layer.forward(y, training)
+                y = layer.forward_internal(y, training)
             outs.append(y)
         return self.merge(outs)
 
@@ -58,7 +59,7 @@ class _Block(Layer):
         dx = None
         for path, dpath in reversed(list(zip(self.paths, self.split(dy)))):
             for layer in reversed(path):
-                dpath = layer.backward(dpath)
+                dpath = layer.backward_internal(dpath)
             dx = dpath if dx is None else dx + dpath
         return dx
 

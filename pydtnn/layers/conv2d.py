@@ -8,6 +8,7 @@ from pydtnn.layers.base import Layer, ParamAttr, pair
 
 
 class Conv2D(Layer):
+    internal_layout = True      # works on the backend's layout directly (no transposes)
     weights, biases = ParamAttr("weights"), ParamAttr("biases")
     dw, db = ParamAttr("weights", grad=True), ParamAttr("biases", grad=True)
 

@@ -4,6 +4,7 @@ from pydtnn.layers.base import Layer
 
 
 class Dropout(Layer):
+    internal_layout = True      # works on the backend's layout directly (no transposes)
     def __init__(self, rate=0.5, name=None):
         super().__init__(name=name)
         if not 0.0 <= rate < 1.0:

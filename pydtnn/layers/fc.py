@@ -3,6 +3,7 @@ from pydtnn.layers.base import Layer, ParamAttr
 
 
 class FC(Layer):
+    internal_layout = True      # works on the backend's layout directly (no transposes)
     weights, biases = ParamAttr("weights"), ParamAttr("biases")
     dw, db = ParamAttr("weights", grad=True), ParamAttr("biases", grad=True)
 

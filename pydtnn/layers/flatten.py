@@ -3,6 +3,7 @@ from pydtnn.layers.base import Layer
 
 
 class Flatten(Layer):
+    internal_layout = True      # it does the NCHW <-> internal conversion itself
     def build(self, in_shape):
         size = 1
         for d in in_shape:

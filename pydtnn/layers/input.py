@@ -3,6 +3,7 @@ from pydtnn.layers.base import Layer
 
 
 class Input(Layer):
+    internal_layout = True      # it does the NCHW <-> internal conversion itself
     def __init__(self, shape, name=None):
         super().__init__(name=name)
         self.declared_shape = tuple(int(d) for d in shape)

@@ -4,6 +4,7 @@ from pydtnn.layers.base import Layer, pair
 
 
 class _Pool2D(Layer):
+    internal_layout = True      # works on the backend's layout directly (no transposes)
     kind = None
 
     def __init__(self, pool_shape=(2, 2), stride=None, padding=0, name=None):
