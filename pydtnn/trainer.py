@@ -476,10 +476,10 @@ class Trainer:
             if state is None:
                 continue
             try:
-                type(rng.bit_generator)().state = state
+                _check_rng_state(state)
             except (TypeError, ValueError, KeyError, AttributeError):
                 raise CheckpointError(f"checkpoint {path}: metadata field 'rng_states[{r}]' is not a valid "
-                                      f"{type(rng.bit_generator).__name__} state") from None
+                                      f"random generator state") from None
         if self.rank < len(states) and states[self.rank] is not None:
             rng.bit_generator.state = states[self.rank]
         if len(states) != self.nreplicas:
@@ -497,6 +497,19 @@ class Trainer:
                  f"throughput: {samples / max(self.elapsed, 1e-9):.1f} samples/s (all replicas)",
                  f"peak host memory (rank 0): {peak_mib:.0f} MiB"]
         return lines
+
+
+def _check_rng_state(state):
+    """A saved generator state of any replica's kind (a mixed job has NumPy and GPU generators): every rank
+    checks every state the same way, so all ranks accept or refuse a checkpoint together."""
+    from pydtnn.backends import _gpu_random
+    kind = state.get("bit_generator") if isinstance(state, dict) else None
+    if kind == _gpu_random.KIND:
+        _gpu_random.check_state(state)
+    elif kind in ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64"):
+        getattr(np.random, kind)().state = state
+    else:
+        raise ValueError(f"unknown generator kind {kind!r}")
 
 
 def _jsonable(value):

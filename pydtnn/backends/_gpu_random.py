@@ -43,10 +43,7 @@ class CounterRNG:
 
     @state.setter
     def state(self, value: dict) -> None:
-        if not isinstance(value, dict) or value.get("bit_generator") != KIND:
-            kind = value.get("bit_generator") if isinstance(value, dict) else type(value).__name__
-            raise ValueError(f"not a GPU generator state ({KIND}), got {kind!r}")
-        self.seed_value, self.offset = int(value["seed"]) & _MASK64, int(value["offset"])
+        self.seed_value, self.offset = check_state(value)
 
     def random(self, size, dtype=None):
         """Uniform [0, 1) numbers of `size` (a shape) in the backend's dtype (or `dtype`, converted)."""
@@ -56,3 +53,14 @@ class CounterRNG:
             self._fill(out, np.uint64(splitmix64_mix(self.seed_value)), np.uint64(self.offset & _MASK64))
             self.offset += int(out.size)
         return out if dtype is None or np.dtype(dtype) == self.dtype else out.astype(dtype)
+
+
+def check_state(value) -> tuple[int, int]:
+    """(seed, offset) of a saved `CounterRNG` state; ValueError if it is not one (needs no device)."""
+    if not isinstance(value, dict) or value.get("bit_generator") != KIND:
+        kind = value.get("bit_generator") if isinstance(value, dict) else type(value).__name__
+        raise ValueError(f"not a GPU generator state ({KIND}), got {kind!r}")
+    seed, offset = value.get("seed"), value.get("offset")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (seed, offset)) or offset < 0:
+        raise ValueError(f"a GPU generator state needs integer seed and offset >= 0, got {value!r}")
+    return seed & _MASK64, offset
