@@ -465,3 +465,15 @@ def test_model_checkpoint_saves_after_updating_best():
         s.on_epoch_end(t, epoch, {"val_loss": v})
     assert t.saved == [("epoch_0001.npz", 1.0), ("best.npz", 1.0), ("epoch_0002.npz", 0.5), ("best.npz", 0.5),
                        ("epoch_0003.npz", 0.5)]
+
+
+def test_saved_rng_states_are_checked_by_their_own_kind():
+    """A mixed gpu,cpu job saves a GPU counter state beside NumPy states: both kinds pass, garbage does not."""
+    import numpy as np
+    from pydtnn.trainer import _check_rng_state
+    _check_rng_state(np.random.default_rng(3).bit_generator.state)
+    _check_rng_state({"bit_generator": "pydtnn.CounterRNG/splitmix64", "seed": 5, "offset": 12})
+    for bad in [{"bit_generator": "PCG64", "state": "x"}, {"bit_generator": "nope"}, [1, 2],
+                {"bit_generator": "pydtnn.CounterRNG/splitmix64", "seed": 5, "offset": -1}]:
+        with pytest.raises((ValueError, TypeError, KeyError)):
+            _check_rng_state(bad)
