@@ -411,25 +411,33 @@ def run(p):
     return 0
 
 
-def _check_outputs(p, comm):
-    """Every output path is writable before any work (rank 0, which writes them, checks; all ranks agree)."""
-    from pydtnn.errors import OutputError
-    from pydtnn.outputs import check_output_dir, check_output_file
+def _on_rank0(comm, work, elsewhere: str):
+    """Run ``work`` on rank 0 only (it alone writes or downloads); a PyDTNNError there is raised on every
+    rank, the others with the message ``elsewhere``, so that all ranks end together."""
     error = None
     if comm.rank == 0:
         try:
-            check_output_file(p.history_file, "--history_file")
-            check_output_file(p.save_weights_and_bias_filename, "--save_weights_and_bias_filename")
-            if p.tracing:
-                check_output_file(p.tracer_output or "trace.json", "--tracer_output")
-            # only checked: it is created by the first checkpoint (a run that writes none leaves no folder)
-            check_output_dir(p.checkpoint_dir, "--checkpoint_dir", create=False)
-        except OutputError as e:
+            work()
+        except PyDTNNError as e:
             error = e
     if comm.size > 1 and comm.any_true(error is not None) and error is None:
-        raise OutputError("rank 0 cannot write an output path")
+        raise ConfigError(elsewhere)
     if error is not None:
         raise error
+
+
+def _check_outputs(p, comm):
+    """Every output path is writable before any work (rank 0, which writes them, checks; all ranks agree)."""
+    from pydtnn.outputs import check_output_dir, check_output_file
+
+    def check():
+        check_output_file(p.history_file, "--history_file")
+        check_output_file(p.save_weights_and_bias_filename, "--save_weights_and_bias_filename")
+        if p.tracing:
+            check_output_file(p.tracer_output or "trace.json", "--tracer_output")
+        # only checked: it is created by the first checkpoint (a run that writes none leaves no folder)
+        check_output_dir(p.checkpoint_dir, "--checkpoint_dir", create=False)
+    _on_rank0(comm, check, "rank 0 cannot write an output path")
 
 
 def _check_batch_fits(model, sizes, ntrain, p):
@@ -447,8 +455,8 @@ def _save_final_weights(p, model, comm):
     from pydtnn.errors import OutputError
     if not p.save_weights_and_bias_filename:
         return
-    error = None
-    if comm.rank == 0:
+
+    def save():
         try:
             save_weights(p.save_weights_and_bias_filename, model)
         except OutputError as e:
@@ -456,29 +464,19 @@ def _save_final_weights(p, model, comm):
             try:
                 os.makedirs(p.checkpoint_dir, exist_ok=True)
                 save_weights(fallback, model)
-                error = OutputError(f"{e}; the trained weights were saved to {fallback} instead")
             except (OutputError, OSError) as e2:
-                error = OutputError(f"{e}; saving them to {fallback} failed too ({e2}): the trained weights "
-                                    f"are lost")
-    if comm.size > 1 and comm.any_true(error is not None) and error is None:
-        raise OutputError("rank 0 could not write the final weights")
-    if error is not None:
-        raise error
+                raise OutputError(f"{e}; saving them to {fallback} failed too ({e2}): the trained weights "
+                                  f"are lost") from None
+            raise OutputError(f"{e}; the trained weights were saved to {fallback} instead") from None
+    _on_rank0(comm, save, "rank 0 could not write the final weights")
 
 
 def _download_on_rank0(p, comm):
     """Only rank 0 downloads (two writers of one .part file would corrupt it); the others wait for it."""
-    import numpy as np
     from pydtnn.datasets import load_dataset
-    error = None
-    if comm.rank == 0:
-        try:
-            load_dataset(p.dataset_name, train_path=p.dataset_train_path, test_path=p.dataset_test_path,
-                         download=True)
-        except PyDTNNError as e:
-            error = e
-    if np.any(comm.allgather(1.0 if error else 0.0)):
-        raise error if error is not None else ConfigError("the dataset download failed on rank 0")
+    _on_rank0(comm, lambda: load_dataset(p.dataset_name, train_path=p.dataset_train_path,
+                                         test_path=p.dataset_test_path, download=True),
+              "the dataset download failed on rank 0")
 
 
 def _probe_sizes(trainer, B, P):
