@@ -38,11 +38,13 @@ def is_open_mpi(mpiexec: str) -> bool:
 
 
 def mpi_command(nprocs: int, script_path, args=()) -> list[str]:
-    """The full command line; Open MPI also gets --oversubscribe (and --allow-run-as-root as root)."""
+    """The full command line. Open MPI also gets --oversubscribe (and --allow-run-as-root as root), and
+    --bind-to none: pinned to one core each, ranks of a one-machine experiment cannot move away from other
+    load on that core, which then shows up as noise in their compute and waiting times."""
     mpiexec = find_mpiexec()
     cmd = [mpiexec]
     if is_open_mpi(mpiexec):
-        cmd.append("--oversubscribe")
+        cmd += ["--oversubscribe", "--bind-to", "none"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
     cmd += ["-n", str(int(nprocs)), sys.executable, "-m", "mpi4py", str(script_path)]
