@@ -159,17 +159,23 @@ def processes_with(token: str) -> list[int]:
 
 
 # prterun (Open MPI 5) adds this notice whenever a process exits with a non-zero status; no process can
-# turn it off (the launcher's state_base_error_non_zero_exit=0 would also make the job's status 0).
-PRTERUN_NONZERO_EXIT = re.compile(
-    r"-{20,}\n+prterun detected that one or more processes exited with non-zero status,\n"
-    r"thus causing the job to be terminated\. The first process to do so was:\n+"
-    r" +Process name: \[[^\]\n]+\]\n +Exit code: +2\n-{20,}\n?")
+# turn it off (the launcher's state_base_error_non_zero_exit=0 would also make the job's status 0). Its
+# lines are matched one by one: prterun writes them apart from our processes' forwarded lines, which may
+# arrive before, after or between them.
+PRTERUN_NONZERO_EXIT = [re.compile(p) for p in (
+    r"-{20,}", r"prterun detected that one or more processes exited with non-zero status,",
+    r"thus causing the job to be terminated\. The first process to do so was:",
+    r" +Process name: \[[^\]]+\]", r" +Exit code: +2", r"-{20,}")]
 
 
 def output_of_our_processes(result: subprocess.CompletedProcess) -> list[str]:
     """The non-empty lines of a job's stdout and stderr, less Open MPI's fixed non-zero-exit notice
-    (removed once, and only under Open MPI); any other launcher output, an abort banner say, stays."""
-    text = result.stdout + result.stderr
-    if is_open_mpi(result.args[0]):
-        text = PRTERUN_NONZERO_EXIT.sub("", text, count=1)
-    return [line for line in text.splitlines() if line.strip()]
+    (each of its lines removed once, and only under Open MPI when the notice is there at all); any other
+    launcher output, an abort banner say, stays."""
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    if is_open_mpi(result.args[0]) and any(PRTERUN_NONZERO_EXIT[1].fullmatch(l) for l in lines):
+        for pattern in PRTERUN_NONZERO_EXIT:
+            hit = next((i for i, l in enumerate(lines) if pattern.fullmatch(l)), None)
+            assert hit is not None, f"prterun's notice changed: no line matches {pattern.pattern!r}"
+            del lines[hit]
+    return lines
