@@ -59,7 +59,7 @@ BAD = {
     "missing weights": (["--weights_and_bias_filename", "/nonexistent/w.npz"], "/nonexistent/w.npz"),
     "unknown optimizer": (["--optimizer", "adagrad"], "adagrad"),
     "unknown metric": (["--metrics", "f1_score"], "f1_score"),
-    "unknown scheduler": (["--lr_schedulers", "cosine"], "cosine"),
+    "unknown scheduler": (["--lr_schedulers", "cyclic"], "cyclic"),
     "bad dtype": (["--dtype", "float16"], "float16"),
     "bad validation split": (["--validation_split", "1.5"], "validation_split"),
     "speeds count": (["--parallel", "data", "--balance", "static", "--replica_speeds", "1,2"], "replica_speeds"),
