@@ -137,12 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--crop_images_prob", type=finite_float, default=0.5)
 
     g = p.add_argument_group("optimizer")
-    g.add_argument("--optimizer", dest="optimizer_name", default="sgd", choices=["sgd", "rmsprop", "adam", "nadam"])
+    g.add_argument("--optimizer", dest="optimizer_name", default="sgd", choices=["sgd", "rmsprop", "adam", "nadam", "adamw"])
     g.add_argument("--learning_rate", type=finite_float, default=0.01)
     g.add_argument("--learning_rate_scaling", type=B, default=True,
                    help="data mode, SGD only: learning rate x replicas (as upstream)")
     g.add_argument("--momentum", type=finite_float, default=0.9)
-    g.add_argument("--decay", type=finite_float, default=0.0, help="L2 weight decay added to the gradient")
+    g.add_argument("--decay", type=finite_float, default=0.0, help="L2 weight decay added to the gradient; for adamw the decoupled weight decay "
+                        "(w -= lr x decay x w, outside the moments, PyTorch's weight_decay)")
     g.add_argument("--nesterov", type=B, default=False)
     g.add_argument("--beta1", type=finite_float, default=0.99)
     g.add_argument("--beta2", type=finite_float, default=0.999)
@@ -150,14 +151,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rho", type=finite_float, default=0.9)
     g.add_argument("--loss_func", default="categorical_cross_entropy",
                    choices=["categorical_cross_entropy", "binary_cross_entropy"])
+    g.add_argument("--label_smoothing", type=finite_float, default=0.0,
+                   help="categorical_cross_entropy: train on targets (1 - e) y + e/K, e in [0, 1) (0 = off)")
+    g.add_argument("--clip_grad_norm", type=finite_float, default=0.0,
+                   help="scale the reduced gradient to this global L2 norm when it is larger (0 = off)")
     g.add_argument("--metrics", default="categorical_accuracy", help="comma list of metrics")
 
     g = p.add_argument_group("LR schedulers (nothing writes files unless model_checkpoint is named)")
     g.add_argument("--lr_schedulers", dest="lr_schedulers_names", default="early_stopping,reduce_lr_on_plateau",
-                   help="comma list of warm_up, early_stopping, reduce_lr_on_plateau, reduce_lr_every_nepochs, "
+                   help="comma list of warm_up, cosine, early_stopping, reduce_lr_on_plateau, reduce_lr_every_nepochs, "
                         "stop_at_loss, model_checkpoint (upstream's default also wrote checkpoints into the CWD); "
                         "metric-driven ones need validation data and are skipped without it")
     g.add_argument("--warm_up_epochs", type=nonneg_int, default=5)
+    g.add_argument("--cosine_decay_epochs", type=nonneg_int, default=0,
+                   help="cosine: epochs of the half-cosine decay after its warm-up (0 = up to --num_epochs); "
+                        "the rate is set every step")
+    g.add_argument("--cosine_min_lr", type=finite_float, default=0.0, help="cosine: the final learning rate")
+    g.add_argument("--cosine_warm_up_epochs", type=nonneg_int, default=0,
+                   help="cosine: linear warm-up epochs before the decay (warm_up cannot be combined with cosine)")
     g.add_argument("--early_stopping_metric", default="val_categorical_cross_entropy")
     g.add_argument("--early_stopping_patience", type=nonneg_int, default=10)
     g.add_argument("--reduce_lr_on_plateau_metric", default="val_categorical_cross_entropy")
@@ -346,14 +357,16 @@ def run(p):
         schedulers = [s for s in schedulers if s not in metric_driven]
     tracer_output = (p.tracer_output or "trace.json") if p.tracing else None
 
-    trainer = Trainer(model, dataset, optimizer, loss=p.loss_func, metrics=metrics, comm=comm, global_batch=B,
+    from pydtnn.losses import get_loss
+    loss = get_loss(p.loss_func, label_smoothing=p.label_smoothing)
+    trainer = Trainer(model, dataset, optimizer, loss=loss, metrics=metrics, comm=comm, global_batch=B,
                       sizes=sizes, gradient_weighting=p.gradient_weighting, balance_mode=p.balance,
                       rebalance_interval=p.rebalance_interval, emulate_speed=emulate,
                       non_blocking=p.non_blocking_mpi, steps_per_epoch=p.steps_per_epoch, seed=p.seed,
                       schedulers=schedulers, history_file=p.history_file, progress=p.progress_bar,
                       tracer_output=tracer_output, flags=vars(p), checkpoint_dir=p.checkpoint_dir,
                       save_steps=p.model_checkpoint_save_steps, save_minutes=p.model_checkpoint_save_minutes,
-                      handle_signals=True)
+                      handle_signals=True, clip_grad_norm=p.clip_grad_norm)
     if p.weights_and_bias_filename:
         from pydtnn.checkpoint import load_weights
         load_weights(p.weights_and_bias_filename, model)

@@ -22,15 +22,30 @@ class Loss:
 
 
 class CategoricalCrossEntropy(Loss):
-    """-mean_n sum_k y_nk log p_nk, for one-hot (or soft) targets."""
+    """-mean_n sum_k y_nk log p_nk, for one-hot (or soft) targets.
+
+    label_smoothing e in [0, 1) trains on the targets (1 - e) y + e/K (K classes), as PyTorch's
+    cross_entropy(label_smoothing=e): the loss and its gradient both see the smoothed targets.
+    """
     name = "categorical_cross_entropy"
     fuses_with = Softmax
 
-    def __init__(self, eps=1e-12):
-        self.eps = eps
+    def __init__(self, eps=1e-12, label_smoothing=0.0):
+        ls = label_smoothing
+        if isinstance(ls, bool) or not isinstance(ls, (int, float)) or not 0 <= ls < 1:
+            raise ConfigError(f"categorical_cross_entropy: label_smoothing must be in [0, 1), got {ls} "
+                              f"(--label_smoothing)")
+        self.eps, self.label_smoothing = eps, float(ls)
+
+    def _targets(self, y_true):
+        if not self.label_smoothing:
+            return y_true
+        e = self.label_smoothing
+        return (1 - e) * y_true + e / y_true.shape[1]
 
     def __call__(self, y_pred, y_true):
         xp = _xp(y_pred)
+        y_true = self._targets(y_true)
         p = xp.clip(y_pred, self.eps, 1.0)
         n = y_pred.shape[0]
         value = -float((y_true * xp.log(p)).sum()) / n
@@ -38,6 +53,7 @@ class CategoricalCrossEntropy(Loss):
 
     def from_logits(self, z, y_true):
         xp = _xp(z)
+        y_true = self._targets(y_true)
         shifted = z - z.max(axis=1, keepdims=True)
         log_p = shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
         p = xp.exp(log_p)
@@ -75,10 +91,17 @@ class BinaryCrossEntropy(Loss):
 LOSSES = {cls.name: cls for cls in (CategoricalCrossEntropy, BinaryCrossEntropy)}
 
 
-def get_loss(name_or_loss):
+def get_loss(name_or_loss, label_smoothing=0.0):
+    """A loss by name (or a Loss, returned as is); label_smoothing is for categorical_cross_entropy only."""
     if isinstance(name_or_loss, Loss):
+        if label_smoothing:
+            raise ConfigError("label_smoothing is given to the Loss itself when passing a Loss object")
         return name_or_loss
-    try:
-        return LOSSES[name_or_loss]()
-    except KeyError:
-        raise ConfigError(f"unknown loss {name_or_loss!r}: choose one of {', '.join(LOSSES)}") from None
+    if name_or_loss not in LOSSES:
+        raise ConfigError(f"unknown loss {name_or_loss!r}: choose one of {', '.join(LOSSES)}")
+    if name_or_loss == CategoricalCrossEntropy.name:
+        return CategoricalCrossEntropy(label_smoothing=label_smoothing)
+    if label_smoothing:
+        raise ConfigError(f"label_smoothing (--label_smoothing {label_smoothing}) applies to "
+                          f"categorical_cross_entropy only, not {name_or_loss}")
+    return LOSSES[name_or_loss]()

@@ -13,6 +13,7 @@ in one pass, and communicators reduce the gradient buffer in one call (or in rev
 """
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -248,10 +249,20 @@ class Model:
 
     # --- a minimal training loop for the Python API (the launcher's trainer is pydtnn.trainer) --------
     def fit(self, x, y, *, epochs=1, batch_size=64, optimizer=None, loss="categorical_cross_entropy",
-            metrics=("categorical_accuracy",), validation_data=None, shuffle=True, verbose=False):
-        """Train on host arrays x (N, ...) and y (one-hot (N, K) or integer labels). Returns a history dict."""
+            metrics=("categorical_accuracy",), validation_data=None, shuffle=True, verbose=False,
+            callbacks=(), clip_grad_norm=0.0):
+        """Train on host arrays x (N, ...) and y (one-hot (N, K) or integer labels). Returns a history dict.
+
+        `callbacks` have the schedulers' hooks (`on_batch_begin(trainer, global_step)`,
+        `on_epoch_end(trainer, epoch, logs)`; a `pydtnn.schedulers` object is one); the `trainer` they get
+        has `model`, `optimizer`, `steps_per_epoch`, `stop_training` (set it to stop after this epoch) and
+        `log`. `clip_grad_norm` > 0 clips the gradient to that global L2 norm before each step.
+        """
+        from pydtnn.clipping import check_max_norm, clip_by_global_norm
         from pydtnn.optimizers import SGD
         optimizer = optimizer or SGD()
+        clip_grad_norm = check_max_norm(clip_grad_norm)
+        loop = FitLoop(self, optimizer, steps_per_epoch=-(-len(x) // batch_size), verbose=verbose)
         loss = get_loss(loss)
         metric_fns = {m: get_metric(m) for m in metrics}
         y = self._one_hot(y)
@@ -263,12 +274,16 @@ class Model:
         for epoch in range(epochs):
             order = rng.permutation(n) if shuffle else np.arange(n)
             totals, seen = {k: 0.0 for k in ["loss", *metric_fns]}, 0
-            for start in range(0, n, batch_size):
+            for step, start in enumerate(range(0, n, batch_size)):
+                for cb in callbacks:
+                    cb.on_batch_begin(loop, epoch * loop.steps_per_epoch + step)
                 idx = order[start:start + batch_size]
                 yb = self.backend.asarray(y[idx])
                 value, y_pred = self.compute_gradients(x[idx], yb, loss)
                 if not np.isfinite(value):
                     raise NumericalError(f"the loss became {value} at epoch {epoch + 1}, samples {start}..")
+                if clip_grad_norm:
+                    clip_by_global_norm(self.grads, clip_grad_norm)
                 optimizer.step(self.params, self.grads)
                 totals["loss"] += value * len(idx)
                 for m, f in metric_fns.items():
@@ -282,6 +297,12 @@ class Model:
                     history[f"val_{k}"].append(v)
             if verbose:
                 print(f"epoch {epoch + 1}: " + ", ".join(f"{k}={v[-1]:.4f}" for k, v in history.items()))
+            logs = {"epoch": epoch + 1, **{k: v[-1] for k, v in history.items()},
+                    "learning_rate": optimizer.learning_rate}
+            for cb in callbacks:
+                cb.on_epoch_end(loop, epoch, logs)
+            if loop.stop_training:
+                break
         return history
 
     def evaluate(self, x, y, *, batch_size=256, loss="categorical_cross_entropy", metrics=("categorical_accuracy",)):
@@ -303,6 +324,20 @@ class Model:
         if y.ndim == 1:
             return one_hot(y, self.output_shape[0], self.dtype)
         return y.astype(self.dtype, copy=False)
+
+
+class FitLoop:
+    """What `Model.fit`'s callbacks see as `trainer`: the attributes schedulers use, without a Trainer."""
+
+    def __init__(self, model, optimizer, steps_per_epoch, verbose):
+        self.model, self.optimizer, self.steps_per_epoch = model, optimizer, steps_per_epoch
+        self.stop_training = False
+        self.log = print if verbose else (lambda msg: None)
+
+    def save_checkpoint(self, path, epoch, step=0, partial=None):
+        """model_checkpoint as a callback writes the weights (Model.save; read back with Model.load)."""
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.model.save(path)
 
 
 def one_hot(labels, nclasses, dtype):

@@ -1,7 +1,7 @@
 """Optimizers that update the model's flat parameter buffer in one vectorized pass.
 
 Hyper-parameter names follow upstream PyDTNN: learning_rate, momentum, nesterov, decay (L2 weight decay
-added to the gradient), rho, beta1, beta2, epsilon. `learning_rate` may be changed between steps (LR
+added to the gradient; for adamw the decoupled decay of Loshchilov & Hutter), rho, beta1, beta2, epsilon. `learning_rate` may be changed between steps (LR
 schedulers do). State (velocities, moments, step count) is exposed for checkpoints.
 """
 from pydtnn.backends import array_module
@@ -140,7 +140,32 @@ class Nadam(Adam):
         params -= self.learning_rate * nesterov_m / (xp.sqrt(v_hat) + self.epsilon)
 
 
-OPTIMIZERS = {cls.name: cls for cls in (SGD, RMSProp, Adam, Nadam)}
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter 2019, as PyTorch's AdamW):
+    w -= lr (m_hat / (sqrt(v_hat) + epsilon) + decay w). The decay is not added to the gradient, so
+    it does not enter the moments; `decay` is the coefficient (PyTorch's weight_decay)."""
+    name = "adamw"
+
+    def __init__(self, learning_rate=0.001, beta1=0.99, beta2=0.999, epsilon=1e-7, decay=0.0):
+        super().__init__(learning_rate, beta1, beta2, epsilon, decay)
+        # lr * decay >= 1 would flip (or zero) every weight's sign in one step
+        if not self.learning_rate * self.decay < 1:
+            raise ConfigError(f"adamw: learning_rate x decay must be in [0, 1), got "
+                              f"{self.learning_rate} x {self.decay} (--learning_rate, --decay)")
+
+    def _gradient(self, params, grads):
+        return grads                  # decoupled: the decay is applied in _update, outside the moments
+
+    def _update(self, params, g):
+        xp = array_module(params)
+        m_hat, v_hat = self._moments(g)
+        step = m_hat / (xp.sqrt(v_hat) + self.epsilon)
+        if self.decay:
+            step += self.decay * params       # the weights before this step, as PyTorch
+        params -= self.learning_rate * step
+
+
+OPTIMIZERS = {cls.name: cls for cls in (SGD, RMSProp, Adam, Nadam, AdamW)}
 
 
 def get_optimizer(name, **hyper):

@@ -120,6 +120,39 @@ class WarmUp(Scheduler):
             trainer.optimizer.learning_rate = self.base_lr
 
 
+class CosineDecay(Scheduler):
+    """Linear warm-up over warm_up_epochs, then a half cosine from the base rate down to min_lr over
+    decay_epochs, then min_lr. Set per step (on_batch_begin), so the rate moves smoothly inside epochs:
+    with W warm-up and D decay steps, step s gets base (s + 1) / W for s < W, else
+    min_lr + (base - min_lr) (1 + cos(pi min(s - W, D) / D)) / 2. A pure function of the step and the base
+    rate, so a resumed run (base_lr restored) continues bit-exactly."""
+    name = "cosine"
+
+    STATE = ("base_lr",)
+
+    def __init__(self, decay_epochs, min_lr=0.0, warm_up_epochs=0):
+        _check_range(self.name, "decay_epochs", decay_epochs, 1, None)
+        _check_range(self.name, "min_lr", min_lr, 0, None)
+        _check_range(self.name, "warm_up_epochs", warm_up_epochs, 0, None)
+        self.decay_epochs, self.min_lr, self.warm_up_epochs = int(decay_epochs), float(min_lr), int(warm_up_epochs)
+        self.base_lr = None
+
+    def learning_rate(self, global_step, steps_per_epoch):
+        warm, decay = self.warm_up_epochs * steps_per_epoch, self.decay_epochs * steps_per_epoch
+        if global_step < warm:
+            return self.base_lr * (global_step + 1) / warm
+        t = min(global_step - warm, decay) / decay
+        return self.min_lr + (self.base_lr - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+    def on_batch_begin(self, trainer, global_step):
+        if self.base_lr is None:
+            self.base_lr = trainer.optimizer.learning_rate
+            if self.min_lr > self.base_lr:
+                raise ConfigError(f"cosine: min_lr must be in [0, {self.base_lr:g}] (the learning rate), got "
+                                  f"{self.min_lr:g} (--cosine_min_lr)")
+        trainer.optimizer.learning_rate = self.learning_rate(global_step, trainer.steps_per_epoch)
+
+
 class EarlyStopping(_Monitor):
     """Stop when the metric has not improved for `patience` epochs."""
     name = "early_stopping"
@@ -233,7 +266,7 @@ def check_metrics(schedulers, logged: set, has_val: bool) -> None:
                               f"(--{s.name}_metric)")
 
 
-SCHEDULERS = {cls.name: cls for cls in (WarmUp, EarlyStopping, ReduceLROnPlateau, ReduceLREveryNEpochs,
+SCHEDULERS = {cls.name: cls for cls in (WarmUp, CosineDecay, EarlyStopping, ReduceLROnPlateau, ReduceLREveryNEpochs,
                                         StopAtLoss, ModelCheckpoint)}
 
 
@@ -241,10 +274,18 @@ def make_schedulers(names, p) -> list:
     """Schedulers from a comma list of names and an object with the upstream flag attributes."""
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
+    # both set the learning rate every step: the later one would silently undo the other
+    if "warm_up" in names and "cosine" in names:
+        raise ConfigError("--lr_schedulers: warm_up and cosine both set the learning rate each step; cosine has "
+                          "its own warm-up (--cosine_warm_up_epochs)")
     out = []
     for name in names:
         if name == "warm_up":
             out.append(WarmUp(p.warm_up_epochs))
+        elif name == "cosine":
+            # 0 = decay over the epochs after the warm-up, up to --num_epochs
+            decay = p.cosine_decay_epochs or max(p.num_epochs - p.cosine_warm_up_epochs, 1)
+            out.append(CosineDecay(decay, p.cosine_min_lr, p.cosine_warm_up_epochs))
         elif name == "early_stopping":
             out.append(EarlyStopping(p.early_stopping_metric, p.early_stopping_patience))
         elif name == "reduce_lr_on_plateau":

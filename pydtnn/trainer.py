@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from pydtnn.checkpoint import load_checkpoint, save_checkpoint
+from pydtnn.clipping import check_max_norm, clip_by_global_norm
 from pydtnn.errors import CheckpointError, ConfigError, NumericalError, OutputError
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
@@ -60,8 +61,10 @@ class Trainer:
                  emulate_speed=1.0, non_blocking=False, steps_per_epoch=0, seed=0, schedulers=(),
                  history_file=None, progress=True, eval_batch_size=None, tracer_output=None, log=None,
                  flags=None, checkpoint_dir="checkpoints", save_steps=0, save_minutes=0.0, handle_signals=False,
-                 clock=time.monotonic):
+                 clip_grad_norm=0.0, clock=time.monotonic):
         self.model, self.dataset, self.optimizer = model, dataset, optimizer
+        self.clip_grad_norm = check_max_norm(clip_grad_norm)
+        self.clipped_steps = 0         # steps whose reduced gradient was clipped (same count on every rank)
         self.loss = get_loss(loss)
         self.metric_names = list(metrics)
         self.metric_fns = [get_metric(m) for m in self.metric_names]
@@ -155,6 +158,8 @@ class Trainer:
             elif self.nreplicas > 1:
                 self.comm.allreduce_sum_(self.model.grads)
         with self.timer.phase("update"):
+            if self.clip_grad_norm:    # on the reduced gradient: every replica clips the same buffer alike
+                self.clipped_steps += clip_by_global_norm(self.model.grads, self.clip_grad_norm)[1]
             self.optimizer.step(self.model.params, self.model.grads)
         self.timer.end_step()
         # reported loss and metrics are weighted by b_i whatever the gradient weighting

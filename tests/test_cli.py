@@ -1,5 +1,6 @@
 """The launcher: flags, a corpus of bad inputs (one line, exit status 2), weights, history, resume."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -25,7 +26,9 @@ def test_help_explains_flags():
     r = launch("--help")
     assert r.returncode == 0
     for flag in ["--global_batch_size", "--balance", "--gradient_weighting", "--emulate_speeds", "--resume",
-                 "--flip_images", "--lr_schedulers", "--weights_and_bias_filename"]:
+                 "--flip_images", "--lr_schedulers", "--weights_and_bias_filename", "--label_smoothing",
+                 "--clip_grad_norm", "--cosine_decay_epochs", "--cosine_min_lr", "--cosine_warm_up_epochs",
+                 "adamw"]:
         assert flag in r.stdout, flag
 
 
@@ -59,7 +62,7 @@ BAD = {
     "missing weights": (["--weights_and_bias_filename", "/nonexistent/w.npz"], "/nonexistent/w.npz"),
     "unknown optimizer": (["--optimizer", "adagrad"], "adagrad"),
     "unknown metric": (["--metrics", "f1_score"], "f1_score"),
-    "unknown scheduler": (["--lr_schedulers", "cosine"], "cosine"),
+    "unknown scheduler": (["--lr_schedulers", "cyclic"], "cyclic"),
     "bad dtype": (["--dtype", "float16"], "float16"),
     "bad validation split": (["--validation_split", "1.5"], "validation_split"),
     "speeds count": (["--parallel", "data", "--balance", "static", "--replica_speeds", "1,2"], "replica_speeds"),
@@ -69,6 +72,14 @@ BAD = {
     "missing model file": (["--model", "/nonexistent/my_model.py"], "my_model.py"),
     "nan loss": (["--learning_rate", "1e30", "--num_epochs", "2"], "loss"),
     "no resume file": (["--resume", "/nonexistent/ckpt.npz"], "ckpt.npz"),
+    "label smoothing 1": (["--label_smoothing", "1"], "label_smoothing must be in [0, 1)"),
+    "label smoothing with bce": (["--label_smoothing", "0.1", "--loss_func", "binary_cross_entropy"],
+                                 "categorical_cross_entropy only"),
+    "negative clip": (["--clip_grad_norm", "-1"], "clip_grad_norm must be a finite number >= 0"),
+    "adamw decay too large": (["--optimizer", "adamw", "--learning_rate", "0.5", "--decay", "4"],
+                              "learning_rate x decay must be in [0, 1)"),
+    "cosine with warm_up": (["--lr_schedulers", "warm_up,cosine"], "cosine has its own warm-up"),
+    "cosine min_lr above lr": (["--lr_schedulers", "cosine", "--cosine_min_lr", "1"], "min_lr must be in [0, 0.01]"),
 }
 
 
@@ -138,6 +149,30 @@ def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
         assert np.array_equal(a[k], b[k]), k
     meta = json.loads(np.load(ckpt)["__meta__"].tobytes())
     assert meta["epoch"] == 1 and meta["flags"]["seed"] == 5
+
+
+def test_resume_with_adamw_cosine_clipping_and_smoothing_is_bit_exact(tmp_path):
+    """The new options' state (adamw moments, the cosine base rate) survives a resume bit for bit."""
+    common = [*FAST, "--seed", "4", "--dtype", "float64", "--optimizer", "adamw", "--decay", "0.01",
+              "--learning_rate", "0.003", "--lr_schedulers", "cosine,model_checkpoint", "--cosine_decay_epochs", "2",
+              "--cosine_warm_up_epochs", "1", "--cosine_min_lr", "0.0001", "--clip_grad_norm", "0.5",
+              "--label_smoothing", "0.1", "--model_checkpoint_save_freq", "1", "--model_checkpoint_metric", "loss"]
+    full, resumed = tmp_path / "full.npz", tmp_path / "resumed.npz"
+    r = launch(*common, "--num_epochs", "3", "--checkpoint_dir", tmp_path / "a", "--save_weights_and_bias_filename",
+               full, "--history_file", tmp_path / "h.json")
+    assert r.returncode == 0, r.stderr
+    rates = [row["learning_rate"] for row in json.loads((tmp_path / "h.json").read_text())]
+    # 8 steps an epoch; a row holds the rate of the epoch's last step: the warm-up's end (step 7) at the base
+    # rate, then steps 15 and 23 of a 16-step cosine
+    cos = [1e-4 + (3e-3 - 1e-4) * (1 + math.cos(math.pi * t / 16)) / 2 for t in (7, 15)]
+    assert rates[0] == 0.003 and rates[1:] == pytest.approx(cos, abs=1e-16)
+    r = launch(*common, "--num_epochs", "3", "--checkpoint_dir", tmp_path / "c", "--resume",
+               tmp_path / "a" / "epoch_0001.npz", "--save_weights_and_bias_filename", resumed)
+    assert r.returncode == 0, r.stderr
+    a, b = np.load(full), np.load(resumed)
+    assert sorted(a.files) == sorted(b.files)
+    for k in a.files:
+        assert np.array_equal(a[k], b[k]), k
 
 
 def test_interrupted_checkpoint_write_keeps_previous(tmp_path, monkeypatch):

@@ -31,7 +31,7 @@ MODEL = '''
 import {neighbour}
 from pydtnn.layers import FC, Conv2D, Flatten, Input
 
-print("model file imported", {neighbour}.__name__, flush=True)
+print("model file imported " + {neighbour}.__name__, flush=True)   # one write: ranks share the pipe
 
 
 def create_model(model):

@@ -77,7 +77,7 @@ def test_nadam():
     assert got != pytest.approx(_adam_reference(0.01, 0.9, 0.999, 1e-7, G), rel=1e-9)
 
 
-@pytest.mark.parametrize("name", ["sgd", "rmsprop", "adam", "nadam"])
+@pytest.mark.parametrize("name", ["sgd", "rmsprop", "adam", "nadam", "adamw"])
 def test_float32_buffers_stay_float32(name):
     opt = get_optimizer(name, learning_rate=0.01, momentum=0.9, beta1=0.9, rho=0.9, unused_flag=3)
     w = np.ones(10, dtype=np.float32)

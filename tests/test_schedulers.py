@@ -113,4 +113,4 @@ def test_state_roundtrip_and_factory():
     assert fresh.best == 0.5 and fresh.wait == 0 and fresh.patience == 3
     assert make_schedulers("", p) == []
     with pytest.raises(ConfigError, match="unknown LR scheduler"):
-        make_schedulers("cosine", p)
+        make_schedulers("cyclic", p)
