@@ -23,3 +23,41 @@ def backend_name(request):
     with gpu_standin.active():
         from pydtnn.backends.gpu import GPUBackend
         yield GPUBackend(dtype="float64", seed=0)
+
+
+
+_LAUNCHES = ("run_mpi(", "mpi_command(")
+
+
+def _launching_functions(module) -> set[str]:
+    """Names of the module's functions whose source starts `mpiexec` (directly)."""
+    import inspect
+    names = set()
+    for name, obj in vars(module).items():
+        if inspect.isfunction(obj) and obj.__module__ == module.__name__:
+            try:
+                if any(l in inspect.getsource(obj) for l in _LAUNCHES):
+                    names.add(name)
+            except (OSError, TypeError):
+                pass
+    return names
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that starts `mpiexec` (itself, or through a helper of its module) is an `mpi` test, so
+    that CI's Open MPI pass (`-m mpi`) runs all of them, marked by hand or not."""
+    import inspect
+    launching = {}
+    for item in items:
+        fn, module = getattr(item, "function", None), getattr(item, "module", None)
+        if fn is None or module is None or item.get_closest_marker("mpi"):
+            continue
+        if module.__name__ not in launching:
+            launching[module.__name__] = _launching_functions(module)
+        names = launching[module.__name__]
+        try:
+            source = inspect.getsource(fn)
+        except (OSError, TypeError):
+            continue
+        if fn.__name__ in names or any(f"{h}(" in source for h in names):
+            item.add_marker(pytest.mark.mpi)

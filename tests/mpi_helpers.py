@@ -165,14 +165,15 @@ def processes_with(token: str) -> list[int]:
 PRTERUN_NONZERO_EXIT = [re.compile(p) for p in (
     r"-{20,}", r"prterun detected that one or more processes exited with non-zero status,",
     r"thus causing the job to be terminated\. The first process to do so was:",
-    r" +Process name: \[[^\]]+\]", r" +Exit code: +2", r"-{20,}")]
+    r" +Process name: \[[^\]]+\]", r" +Exit code: +\d+", r"-{20,}")]
 
 
-def output_of_our_processes(result: subprocess.CompletedProcess) -> list[str]:
-    """The non-empty lines of a job's stdout and stderr, less Open MPI's fixed non-zero-exit notice
-    (each of its lines removed once, and only under Open MPI when the notice is there at all); any other
-    launcher output, an abort banner say, stays."""
-    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+def output_of_our_processes(result: subprocess.CompletedProcess, text: str | None = None) -> list[str]:
+    """The non-empty lines of a job's stdout and stderr (or of ``text``, part of its output), less Open
+    MPI's fixed non-zero-exit notice (each of its lines removed once, and only under Open MPI when the
+    notice is there at all); any other launcher output, an abort banner say, stays."""
+    text = result.stdout + result.stderr if text is None else text
+    lines = [line for line in text.splitlines() if line.strip()]
     if is_open_mpi(result.args[0]) and any(PRTERUN_NONZERO_EXIT[1].fullmatch(l) for l in lines):
         for pattern in PRTERUN_NONZERO_EXIT:
             hit = next((i for i, l in enumerate(lines) if pattern.fullmatch(l)), None)

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from mpi_helpers import SCRIPTS, _kill_job, mpi_command, run_mpi
+from mpi_helpers import SCRIPTS, _kill_job, is_open_mpi, mpi_command, output_of_our_processes, run_mpi
 from pydtnn import cli, outputs
 from pydtnn.checkpoint import FORMAT, validate_meta
 from pydtnn.errors import CheckpointError, OutputError
@@ -40,7 +40,7 @@ def launch(*args, script=LAUNCHER, cwd=None, timeout=300, **extra):
 
 
 def one_line(r, needle, status=2):
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    lines = output_of_our_processes(r, r.stderr)       # under Open MPI, less prterun's own notice
     assert r.returncode == status, (r.returncode, r.stderr[-3000:])
     assert "Traceback" not in r.stderr, r.stderr
     assert lines and needle in lines[-1], r.stderr
@@ -246,12 +246,19 @@ def test_sigterm_to_mpiexec_reaches_the_ranks(tmp_path):
                 proc.send_signal(signal.SIGTERM)
                 break
         err = proc.stderr.read()
-        assert proc.wait(timeout=120) == cli.EXIT_PREEMPTED, err
+        status = proc.wait(timeout=120)
     finally:
         _kill_job(proc)
-    assert "pydtnn: SIGTERM received: checkpoint written to" in err and "Traceback" not in err
-    (ckpt,) = [f for f in os.listdir(tmp_path) if f.endswith(".npz")]
+    (ckpt,) = [f for f in os.listdir(tmp_path) if f.endswith(".npz")]      # nothing lost: the checkpoint
     assert meta_of(tmp_path / ckpt)["nreplicas"] == 2
+    assert "Traceback" not in err
+    if is_open_mpi(cmd[0]):
+        # prterun forwards SIGTERM, then ends itself with status 1 and drops what the ranks print after it
+        # (measured with Open MPI 5.0.11): the ranks still write the checkpoint and exit 3
+        assert status == 1, (status, err)
+    else:
+        assert status == cli.EXIT_PREEMPTED, err
+        assert "pydtnn: SIGTERM received: checkpoint written to" in err
 
 
 def test_step_checkpoints_keep_the_newest_and_resume_bit_exact(tmp_path):
