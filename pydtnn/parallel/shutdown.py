@@ -10,9 +10,10 @@ How the agreed end is made quiet depends on the MPI:
 - MPICH (Hydra): MPI_Abort with the rank's stderr closed. Separate exits race with Hydra's clean-up
   (a rank still finalizing is SIGKILLed and Hydra prints a banner); an abort ends the job at once with
   the status, and only the rank itself would have printed anything.
-- Open MPI: MPI_Finalize, then exit 2. prterun prints a 13-line MPI_ABORT banner for an abort; for a
-  non-zero exit it still adds its own fixed notice ("prterun detected that one or more processes exited
-  with non-zero status"), which no process can turn off without also turning the job's status into 0.
+- Open MPI: MPI_Finalize, then exit with the status. prterun prints a 13-line MPI_ABORT banner for an
+  abort; for a non-zero exit it still adds its own fixed notice ("prterun detected that one or more
+  processes exited with non-zero status"). No process can turn it off: only a launcher setting does
+  (state_base_error_non_zero_exit=0), and that also makes the job's status 0.
 
 Before MPI starts (a bad flag), a process under a launcher of several processes initializes MPI to
 agree the same way; if that fails, the launcher's environment says which process is rank 0.
