@@ -424,23 +424,9 @@ def run(p):
     return 0
 
 
-def _on_rank0(comm, work, elsewhere: str):
-    """Run ``work`` on rank 0 only (it alone writes or downloads); a PyDTNNError there is raised on every
-    rank, the others with the message ``elsewhere``, so that all ranks end together."""
-    error = None
-    if comm.rank == 0:
-        try:
-            work()
-        except PyDTNNError as e:
-            error = e
-    if comm.size > 1 and comm.any_true(error is not None) and error is None:
-        raise ConfigError(elsewhere)
-    if error is not None:
-        raise error
-
-
 def _check_outputs(p, comm):
     """Every output path is writable before any work (rank 0, which writes them, checks; all ranks agree)."""
+    from pydtnn.parallel.comm import raise_together
     from pydtnn.outputs import check_output_dir, check_output_file
 
     def check():
@@ -450,7 +436,7 @@ def _check_outputs(p, comm):
             check_output_file(p.tracer_output or "trace.json", "--tracer_output")
         # only checked: it is created by the first checkpoint (a run that writes none leaves no folder)
         check_output_dir(p.checkpoint_dir, "--checkpoint_dir", create=False)
-    _on_rank0(comm, check, "rank 0 cannot write an output path")
+    raise_together(comm, check, "rank 0 cannot write an output path", rank0_only=True)
 
 
 def _check_batch_fits(model, sizes, ntrain, p):
@@ -466,6 +452,7 @@ def _save_final_weights(p, model, comm):
     """Rank 0 writes the final weights; if that fails, it tries the checkpoint folder, and says where."""
     from pydtnn.checkpoint import save_weights
     from pydtnn.errors import OutputError
+    from pydtnn.parallel.comm import raise_together
     if not p.save_weights_and_bias_filename:
         return
 
@@ -481,15 +468,16 @@ def _save_final_weights(p, model, comm):
                 raise OutputError(f"{e}; saving them to {fallback} failed too ({e2}): the trained weights "
                                   f"are lost") from None
             raise OutputError(f"{e}; the trained weights were saved to {fallback} instead") from None
-    _on_rank0(comm, save, "rank 0 could not write the final weights")
+    raise_together(comm, save, "rank 0 could not write the final weights", rank0_only=True)
 
 
 def _download_on_rank0(p, comm):
     """Only rank 0 downloads (two writers of one .part file would corrupt it); the others wait for it."""
     from pydtnn.datasets import load_dataset
-    _on_rank0(comm, lambda: load_dataset(p.dataset_name, train_path=p.dataset_train_path,
-                                         test_path=p.dataset_test_path, download=True),
-              "the dataset download failed on rank 0")
+    from pydtnn.parallel.comm import raise_together
+    raise_together(comm, lambda: load_dataset(p.dataset_name, train_path=p.dataset_train_path,
+                                              test_path=p.dataset_test_path, download=True),
+                   "the dataset download failed on rank 0", rank0_only=True)
 
 
 def _probe_sizes(trainer, B, P):

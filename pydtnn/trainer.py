@@ -37,7 +37,7 @@ from pydtnn.metrics import get_metric
 from pydtnn.model import one_hot
 from pydtnn.outputs import atomic_write
 from pydtnn.parallel import balance
-from pydtnn.parallel.comm import BucketedReducer, SerialComm
+from pydtnn.parallel.comm import BucketedReducer, SerialComm, raise_together
 from pydtnn.progress import progress
 from pydtnn.trace import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
 
@@ -210,8 +210,10 @@ class Trainer:
         self.elapsed = time.perf_counter() - t_start
         self.finished = True
         if self.tracer_output:
-            self._agree(lambda: write_chrome_trace(self.tracer_output, self.timeline,
-                                                   self.comm if self.nreplicas > 1 else None))
+            # a collective (it gathers every rank's timeline); rank 0 writes
+            raise_together(self.comm, lambda: write_chrome_trace(self.tracer_output, self.timeline,
+                                                                 self.comm if self.nreplicas > 1 else None),
+                           "rank 0 could not write the trace")
         return self.history
 
     # --- preemption and checkpoints inside epochs --------------------------------------------------------
@@ -366,24 +368,10 @@ class Trainer:
         return {name: v / max(sums[-1], 1) for name, v in zip(["loss", *self.metric_names], sums[:-1])}
 
     # --- history, checkpoints ---------------------------------------------------------------------------
-    def _agree(self, write):
-        """Run `write` on every rank (rank 0 writes); an OutputError there is raised on every rank together."""
-        error = None
-        try:
-            write()
-        except OutputError as e:
-            error = e
-        if self.nreplicas > 1 and self.comm.any_true(error is not None) and error is None:
-            raise OutputError("rank 0 could not write an output file")
-        if error is not None:
-            raise error
-
     def _write_history(self):
         if not self.history_file:
             return
         def write():
-            if self.rank != 0:
-                return
             if self.history_file.endswith(".json"):
                 text = json.dumps(self.history, indent=1)
             else:
@@ -394,7 +382,7 @@ class Trainer:
                 writer.writerows(self.history)
                 text = buf.getvalue()
             atomic_write(self.history_file, lambda f: f.write(text.encode()))
-        self._agree(write)
+        raise_together(self.comm, write, "rank 0 could not write the history file", rank0_only=True)
 
     def _rng_state(self):
         rng = self.model.backend.rng
@@ -407,8 +395,6 @@ class Trainer:
         rng_states = self.comm.gather_object(self._rng_state(), root=0)
 
         def write():
-            if self.rank != 0:
-                return
             meta = {"epoch": int(epoch), "step": int(step), "nreplicas": self.nreplicas,
                     "sizes": list(map(int, self.sizes)), "rng_states": rng_states, "seed": self.seed,
                     "history": self.history, "schedulers": [[s.name, s.state_dict()] for s in self.schedulers],
@@ -421,7 +407,7 @@ class Trainer:
             except OSError as e:
                 raise OutputError(f"cannot create the checkpoint folder {folder}: {e.strerror}") from None
             save_checkpoint(path, self.model, self.optimizer, json.loads(json.dumps(meta, default=_jsonable)))
-        self._agree(write)
+        raise_together(self.comm, write, f"rank 0 could not write the checkpoint {path}", rank0_only=True)
 
     def resume(self, path, keep_split=True):
         """Restore the state of a checkpoint (configuration stays the command line's).

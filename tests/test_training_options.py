@@ -11,7 +11,7 @@ import pytest
 from pydtnn import Model
 from pydtnn.clipping import clip_by_global_norm
 from pydtnn.errors import ConfigError
-from pydtnn.layers import FC, Flatten, Input
+from pydtnn.layers import FC, Input
 from pydtnn.losses import BinaryCrossEntropy, CategoricalCrossEntropy, get_loss
 from pydtnn.optimizers import Adam, AdamW, get_optimizer
 from pydtnn.schedulers import CosineDecay, StopAtLoss, make_schedulers

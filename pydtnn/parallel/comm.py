@@ -32,7 +32,7 @@ from pydtnn.errors import ConfigError
 from pydtnn.parallel import launcher
 
 __all__ = ["Communicator", "SerialComm", "MPIComm", "BucketedReducer", "make_comm", "to_host", "from_host",
-           "COMM_KINDS", "DEFAULT_BUCKET_BYTES"]
+           "COMM_KINDS", "DEFAULT_BUCKET_BYTES", "raise_together"]
 
 DEFAULT_BUCKET_BYTES = 1 << 20  # 1 MiB: ResNet-20 (~1 MB fp32) in 2 buckets, ResNet-50 (~100 MB) in ~100
 
@@ -333,6 +333,23 @@ _FACTORIES = {
     "nccl": _make_nccl,
 }
 COMM_KINDS = tuple(_FACTORIES)
+
+
+def raise_together(comm: Communicator, work, elsewhere: str, *, rank0_only: bool = False) -> None:
+    """Run ``work`` (on every rank, or with ``rank0_only`` on rank 0 alone, which writes or downloads); a
+    PyDTNNError it raises on any rank is raised on every rank (the others with the message ``elsewhere``),
+    so that all ranks end together instead of some waiting in the next collective."""
+    from pydtnn.errors import PyDTNNError
+    error = None
+    if comm.rank == 0 or not rank0_only:
+        try:
+            work()
+        except PyDTNNError as e:
+            error = e
+    if comm.size > 1 and comm.any_true(error is not None) and error is None:
+        raise ConfigError(elsewhere)
+    if error is not None:
+        raise error
 
 
 def make_comm(kind: str = "auto", **kwargs) -> Communicator:
