@@ -25,6 +25,7 @@ from pydtnn.backends import Backend, ConvSpec, PoolSpec, parse_dtype
 from pydtnn.backends import _cpu_blas as blas
 from pydtnn.backends import _cpu_conv as kc
 from pydtnn.backends import _cpu_kernels as kp
+from pydtnn.backends import _cpu_winograd as wino
 from pydtnn.backends._cpu_pool import POOL
 from pydtnn.errors import ConfigError, ShapeError
 
@@ -59,12 +60,23 @@ def _warn_fallback():
                       "use a plain NumPy path (correct but several times slower)", RuntimeWarning, stacklevel=3)
 
 
+CONV_ALGORITHMS = ("auto", "direct", "winograd")
+
+
 class CPUBackend(Backend):
-    """NumPy/BLAS/numba kernels, NHWC inside, NCHW at the edges."""
+    """NumPy/BLAS/numba kernels, NHWC inside, NCHW at the edges.
+
+    `conv_algorithm`: "direct" (the row-tap kernels of `_cpu_conv`), "winograd" (F(4x4, 3x3) for every
+    3x3 stride-1 undilated dense convolution, direct for the others) or "auto" (Winograd where it
+    measured faster: see `_cpu_winograd.pays`)."""
     name = "cpu"
     layout = "NHWC"
 
-    def __init__(self, dtype="float32", seed: int = 0):
+    def __init__(self, dtype="float32", seed: int = 0, conv_algorithm: str = "auto"):
+        if conv_algorithm not in CONV_ALGORITHMS:
+            raise ConfigError(f"unknown conv_algorithm {conv_algorithm!r} for the cpu backend: choose "
+                              f"{', '.join(repr(a) for a in CONV_ALGORITHMS)}")
+        self.conv_algorithm = conv_algorithm
         self.xp = np
         self.dtype = parse_dtype(dtype, "cpu")
         self.rng = np.random.default_rng(seed)
@@ -164,9 +176,43 @@ class CPUBackend(Backend):
             if b is not None:
                 y += bias
             return y, (x,)
+        if self._winograd(spec, h, wd):
+            self._wino_fwd(x, wino.filter_transform(w, wino.TILE, self.dtype), bias, y, spec.padding)
+            return y, (x,)
         wt = self._c(np.asarray(w).transpose(2, 3, 1, 0)).reshape(-1)       # (kh, kw, C, K)
         self._conv_fwd_core(x, wt, bias, y, spec, n, h, wd, c, k, ho, wo)
         return y, (x,)
+
+    # --- Winograd (3x3, stride 1) ------------------------------------------------------------------
+    def _winograd(self, spec: ConvSpec, h, w) -> bool:
+        """Whether this convolution runs as Winograd F(4x4, 3x3) (see the class docstring)."""
+        if self.conv_algorithm == "direct" or not self.use_blas_kernels or not wino.applies(spec):
+            return False
+        return self.conv_algorithm == "winograd" or wino.pays(spec, h, w)
+
+    def _wino_fwd(self, x, u, bias, y, padding):
+        n, h, wd, c = x.shape
+        _, ho, wo, k = y.shape
+        m = wino.TILE
+        tb = wino.chunk_tiles(c, k)
+        nt = self._nt(max(x.size, y.size))
+        with blas.blas_single_thread():
+            POOL.run(wino.fwd, nt, blas.gemm_ptr(self.dtype), x.reshape(-1), u.reshape(-1), bias, y.reshape(-1),
+                     n, h, wd, c, k, ho, wo, padding[0], padding[1], m, tb)
+
+    def _wino_bwd_w(self, x, dy, spec: ConvSpec, with_bias):
+        n, h, wd, c = x.shape
+        _, ho, wo, k = dy.shape
+        m = wino.TILE
+        a = m + 2
+        nt = self._nt(max(x.size, dy.size))
+        acc = np.zeros((nt, a * a * c * k), self.dtype)
+        dbacc = np.zeros((nt, k), self.dtype)
+        with blas.blas_single_thread():
+            POOL.run(wino.bwd_w, nt, blas.gemm_ptr(self.dtype), x.reshape(-1), dy.reshape(-1), acc, dbacc,
+                     n, h, wd, c, k, ho, wo, spec.padding[0], spec.padding[1], m, wino.chunk_tiles(c, k), with_bias)
+        du, db = (acc[0], dbacc[0]) if nt == 1 else (acc.sum(axis=0), dbacc.sum(axis=0))
+        return wino.weight_grad_transform(du, m, k, c, self.dtype), (db if with_bias else None)
 
     def _conv_fwd_core(self, x, wt, bias, y, spec, n, h, wd, c, k, ho, wo):
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = spec.kernel, spec.stride, spec.padding, spec.dilation
@@ -193,6 +239,11 @@ class CPUBackend(Backend):
         if not self.use_blas_kernels:
             return self._bwd_data_numpy(dy, self._c(w), spec, x.shape, ho, wo)
         pth, ptw = dh * (kh - 1) - ph, dw * (kw - 1) - pw
+        if self._winograd(spec, h, wd):
+            # dx = conv(dy, flipped filter with in/out channels swapped), padding 2 - p (negative: a crop)
+            u = wino.filter_transform(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), wino.TILE, self.dtype)
+            self._wino_fwd(dy, u, np.empty(0, self.dtype), dx, (pth, ptw))
+            return dx
         if sh == 1 and sw == 1 and pth >= 0 and ptw >= 0:
             # stride 1: dx = conv(dy, flipped kernel with in/out channels swapped), "full" padding
             tspec = ConvSpec(k, c, (kh, kw), (1, 1), (pth, ptw), (dh, dw))
@@ -227,6 +278,8 @@ class CPUBackend(Backend):
             dwu = np.tensordot(dy, self._windows(x, spec, ho, wo), axes=([0, 1, 2], [0, 1, 2]))
             db = dy.reshape(-1, k).sum(axis=0) if with_bias else None
             return np.ascontiguousarray(dwu, dtype=self.dtype), db
+        if self._winograd(spec, h, wd):
+            return self._wino_bwd_w(x, dy, spec, with_bias)
         rb, fold, direct, bufsize, nt = self._conv_plan(spec, n, h, wd, c, k, ho, wo)
         acc = np.zeros((nt, kh * kw * c * k), self.dtype)
         dbacc = np.zeros((nt, k), self.dtype)

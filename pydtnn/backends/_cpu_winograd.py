@@ -1,0 +1,364 @@
+"""Winograd convolution kernels of the CPU backend (NHWC, 3x3 filters, stride 1), compiled with numba.
+
+F(m x m, 3 x 3) computes an m x m output tile from an a x a input tile (a = m + 2) with a*a products per
+(input channel, output channel) pair instead of 9*m*m: 2.25x fewer for m = 2, 4x fewer for m = 4
+(Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", 2016). With the transforms
+    input   V = B^T d B        (a x a, per input channel)
+    filter  U = G g G^T        (a x a, per filter)
+    output  Y = A^T M A        (m x m, per output channel),   M[e] = sum_c V[e, c] U[e, c, :]
+the a*a element-wise products over channels are a*a GEMMs (tiles x C) @ (C x K).
+
+How it runs (the design of `_cpu_conv`: one thread pool, cache-sized blocks, single-threaded BLAS):
+- The output tiles of all images, in (image, tile row, tile column) order, are cut into chunks of `tb`
+  tiles; each thread takes a contiguous range of chunks. Per chunk: transform the input tiles into a
+  small buffer V (a*a, tb, C), run the a*a GEMMs into M (a*a, tb, K), transform M into the output.
+  Both buffers stay in L2; nothing of size "whole batch in the Winograd domain" is ever allocated.
+- Padding is any integer (negative crops): tiles read the input at an offset and treat what lies
+  outside as zeros; tiles hanging over the output's edge compute, and drop, the extra outputs.
+- Backward data is the same kernel on dy with the flipped filter (in/out channels swapped), padding 2 - p.
+- Backward weights: dU[e] = sum_tiles V[e]^T dYhat[e], with dYhat = A dy A^T per tile (zero beyond the
+  output's edge): one GEMM per chunk and e with the tiles as the (long) reduction; then dw = G^T dU G.
+- Transforms loop over the matrices' non-zero coefficients with channels innermost (vectorized).
+
+Every kernel is serial, releases the GIL and does part `t` of `nt`; arrays are flat and C-contiguous.
+"""
+from __future__ import annotations
+
+import llvmlite.binding as _llvm
+import numpy as np
+from numba import njit, uint64
+
+from pydtnn.backends._cpu_blas import NO_TRANS, TRANS, addr, gemm
+
+# The transforms' loops run over channels: 3 to 64 here, while LLVM's vectorized loop body takes 64 float32
+# at a time (8 lanes x 4 interleaved) and leaves shorter loops to scalar code. A vectorized epilogue
+# for loops of 8+ lanes makes 16- and 32-channel transforms 2-3x faster (measured). This LLVM option is
+# process-wide and only changes how later compilations vectorize remainders, never results.
+_llvm.set_option("pydtnn", "-epilogue-vectorization-minimum-VF=8")
+
+_NJ = {"cache": True, "fastmath": True, "boundscheck": False, "nogil": True}
+
+# The transform matrices (exact rationals; float64 here, cast to the data's dtype when used).
+# F(2, 3): interpolation points 0, 1, -1, infinity.
+_F2 = (np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64),         # B^T
+       np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]], np.float64),                  # G
+       np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64))                                        # A^T
+# F(4, 3): points 0, 1, -1, 2, -2, infinity.
+_F4 = (np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+                 [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64),
+       np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+                 [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64),
+       np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]], np.float64))
+
+MATRICES = {2: _F2, 4: _F4}
+
+# The tile size the backend uses: F(4x4, 3x3) (see docs/performance.md for the measurements: F(2x2, 3x3)
+# was slower on every ResNet-20 shape, its transforms cost more per output than the GEMMs it saves).
+TILE = 4
+
+
+def applies(spec) -> bool:
+    """Winograd covers dense 3x3 convolutions with stride 1 and dilation 1 (any padding)."""
+    return (tuple(spec.kernel) == (3, 3) and tuple(spec.stride) == (1, 1) and tuple(spec.dilation) == (1, 1)
+            and spec.groups == 1)
+
+
+def pays(spec, h: int, w: int) -> bool:
+    """The "auto" rule, measured on this project's machines (docs/performance.md): Winograd wins once both
+    channel counts reach 32; with fewer channels the per-tile transforms cost more than the GEMM saves."""
+    return spec.in_channels >= 32 and spec.out_channels >= 32
+
+
+def chunk_tiles(c: int, k: int, m: int = TILE) -> int:
+    """Tiles per chunk: 64 measured best or within 5% of it on every ResNet-20 shape (16 to 256 tried)."""
+    return 64
+
+
+def _kron_g(m: int):
+    """(a*a, 9) matrix of G (x) G: the filter transform U = G g G^T as one matrix product per filter."""
+    g = MATRICES[m][1]
+    return np.kron(g, g)
+
+
+def filter_transform(w, m: int, dtype):
+    """U (a*a, C, K) = G g G^T of every filter g = w[k, c] (w: (K, C, 3, 3), user layout), in float64."""
+    k, c = w.shape[0], w.shape[1]
+    wt = np.ascontiguousarray(np.asarray(w).transpose(2, 3, 1, 0)).reshape(9, c * k)   # (taps, (C, K))
+    u = np.empty(((m + 2) ** 2, c * k), dtype)
+    _apply_rows(_kron_g(m), wt, u)
+    return u.reshape(-1, c, k)
+
+
+def weight_grad_transform(du, m: int, k: int, c: int, dtype):
+    """dw (K, C, 3, 3) = G^T dU G from dU (a*a, C, K), in float64."""
+    dw = np.empty((9, c * k), dtype)
+    _apply_rows(np.ascontiguousarray(_kron_g(m).T), np.asarray(du).reshape(-1, c * k), dw)
+    return np.ascontiguousarray(dw.reshape(3, 3, c, k).transpose(3, 2, 0, 1))
+
+
+@njit(**_NJ)
+def _apply_rows(mat, src, dst):
+    """dst (P, L) = mat (P, Q) @ src (Q, L), summed in float64, vectorized along L (the filters)."""
+    P, Q = mat.shape
+    L = src.shape[1]
+    acc = np.empty(L, np.float64)
+    for p in range(P):
+        acc[:] = 0.0
+        for q in range(Q):
+            coef = mat[p, q]
+            if coef != 0.0:
+                for l in range(L):
+                    acc[l] += coef * src[q, l]
+        for l in range(L):
+            dst[p, l] = acc[l]
+
+
+@njit(**_NJ)
+def _tile_of(tile, TH, TW):
+    n = tile // (TH * TW)
+    r = tile - n * TH * TW
+    ti = r // TW
+    return n, ti, r - ti * TW
+
+
+@njit(**_NJ)
+def _gather(xf, n, h0, w0, H, W, C, a, d):
+    """d (a, a, C) = x[n, h0:h0+a, w0:w0+a, :], zero outside the image."""
+    Cu = uint64(C)
+    for r in range(a):
+        h = h0 + r
+        for s in range(a):
+            w = w0 + s
+            du = uint64((r * a + s) * C)
+            if h < 0 or h >= H or w < 0 or w >= W:
+                for c in range(Cu):
+                    d[du + c] = 0
+            else:
+                su = uint64(((n * H + h) * W + w) * C)
+                for c in range(Cu):
+                    d[du + c] = xf[su + c]
+
+
+@njit(**_NJ)
+def _offsets(s0, ss):
+    """s0 + i*ss for i < 6, each as uint64 (computed signed, converted whole: see _cpu_conv's note)."""
+    return (uint64(s0), uint64(s0 + ss), uint64(s0 + 2 * ss), uint64(s0 + 3 * ss), uint64(s0 + 4 * ss),
+            uint64(s0 + 5 * ss))
+
+
+# 1-D transforms, hard-coded per tile size: read src[s0 + i*ss + l] (i < p), write dst[d0 + j*ds + l]
+# (j < q), for l < L (the vectorized axis: channels).
+
+@njit(**_NJ)
+def _bt(m, src, s0, ss, dst, d0, ds, L):
+    """B^T: a -> a (input tiles)."""
+    i0, i1, i2, i3, i4, i5 = _offsets(s0, ss)
+    o0, o1, o2, o3, o4, o5 = _offsets(d0, ds)
+    if m == 2:
+        for l in range(uint64(L)):
+            x0, x1, x2, x3 = src[i0 + l], src[i1 + l], src[i2 + l], src[i3 + l]
+            dst[o0 + l] = x0 - x2
+            dst[o1 + l] = x1 + x2
+            dst[o2 + l] = x2 - x1
+            dst[o3 + l] = x1 - x3
+    else:
+        c2, c4, c5 = src.dtype.type(2), src.dtype.type(4), src.dtype.type(5)
+        for l in range(uint64(L)):
+            x0, x1, x2, x3, x4, x5 = src[i0 + l], src[i1 + l], src[i2 + l], src[i3 + l], src[i4 + l], src[i5 + l]
+            p = x4 - c4 * x2
+            q = x3 - c4 * x1
+            u = x4 - x2
+            v = c2 * (x3 - x1)
+            dst[o0 + l] = c4 * x0 - c5 * x2 + x4
+            dst[o1 + l] = p + q
+            dst[o2 + l] = p - q
+            dst[o3 + l] = u + v
+            dst[o4 + l] = u - v
+            dst[o5 + l] = c4 * x1 - c5 * x3 + x5
+
+
+@njit(**_NJ)
+def _at(m, src, s0, ss, dst, d0, ds, L):
+    """A^T: a -> m (output tiles)."""
+    i0, i1, i2, i3, i4, i5 = _offsets(s0, ss)
+    o0, o1, o2, o3, _, _ = _offsets(d0, ds)
+    if m == 2:
+        for l in range(uint64(L)):
+            x0, x1, x2, x3 = src[i0 + l], src[i1 + l], src[i2 + l], src[i3 + l]
+            dst[o0 + l] = x0 + x1 + x2
+            dst[o1 + l] = x1 - x2 - x3
+    else:
+        c2, c4, c8 = src.dtype.type(2), src.dtype.type(4), src.dtype.type(8)
+        for l in range(uint64(L)):
+            x0, x1, x2, x3, x4, x5 = src[i0 + l], src[i1 + l], src[i2 + l], src[i3 + l], src[i4 + l], src[i5 + l]
+            p = x1 + x2
+            q = x1 - x2
+            u = x3 + x4
+            v = x3 - x4
+            dst[o0 + l] = x0 + p + u
+            dst[o1 + l] = q + c2 * v
+            dst[o2 + l] = p + c4 * u
+            dst[o3 + l] = q + c8 * v + x5
+
+
+@njit(**_NJ)
+def _a(m, src, s0, ss, dst, d0, ds, L):
+    """A: m -> a (output-gradient tiles, backward weights)."""
+    i0, i1, i2, i3, _, _ = _offsets(s0, ss)
+    o0, o1, o2, o3, o4, o5 = _offsets(d0, ds)
+    if m == 2:
+        for l in range(uint64(L)):
+            x0, x1 = src[i0 + l], src[i1 + l]
+            dst[o0 + l] = x0
+            dst[o1 + l] = x0 + x1
+            dst[o2 + l] = x0 - x1
+            dst[o3 + l] = -x1
+    else:
+        c2, c4, c8 = src.dtype.type(2), src.dtype.type(4), src.dtype.type(8)
+        for l in range(uint64(L)):
+            x0, x1, x2, x3 = src[i0 + l], src[i1 + l], src[i2 + l], src[i3 + l]
+            p = x0 + x2
+            q = x1 + x3
+            u = x0 + c4 * x2
+            v = c2 * x1 + c8 * x3
+            dst[o0 + l] = x0
+            dst[o1 + l] = p + q
+            dst[o2 + l] = p - q
+            dst[o3 + l] = u + v
+            dst[o4 + l] = u - v
+            dst[o5 + l] = x3
+
+
+@njit(**_NJ)
+def _transform2d(kind, m, src, s0, rs, cs, p, q, tmp, dst, d0, dstride, L):
+    """dst[d0 + (i*q + j)*dstride + l] = (T src T^T)[i, j, l] for the p x p tile src[s0 + r*rs + s*cs + l]
+    (T: kind 0 = B^T, 1 = A^T, 2 = A; q outputs per axis); tmp holds p*q*L."""
+    for r in range(p):                          # rows: tmp[r, j] = (T src[r, :])[j]
+        if kind == 0:
+            _bt(m, src, s0 + r * rs, cs, tmp, r * q * L, L, L)
+        elif kind == 1:
+            _at(m, src, s0 + r * rs, cs, tmp, r * q * L, L, L)
+        else:
+            _a(m, src, s0 + r * rs, cs, tmp, r * q * L, L, L)
+    for j in range(q):                          # columns: dst[i, j] = (T tmp[:, j])[i]
+        if kind == 0:
+            _bt(m, tmp, j * L, q * L, dst, d0 + j * dstride, q * dstride, L)
+        elif kind == 1:
+            _at(m, tmp, j * L, q * L, dst, d0 + j * dstride, q * dstride, L)
+        else:
+            _a(m, tmp, j * L, q * L, dst, d0 + j * dstride, q * dstride, L)
+
+
+@njit(**_NJ)
+def _input_tiles(xf, t0, nb, tb, TH, TW, m, H, W, C, ph, pw, d, tmp, V):
+    """V (a*a, tb, C) rows [0, nb) = B^T d B of tiles t0 .. t0 + nb - 1 (interior tiles read x in place)."""
+    a = m + 2
+    n = t0 // (TH * TW)
+    ti = (t0 - n * TH * TW) // TW
+    tj = t0 - n * TH * TW - ti * TW
+    for tt in range(nb):
+        h0 = ti * m - ph
+        w0 = tj * m - pw
+        if h0 >= 0 and w0 >= 0 and h0 + a <= H and w0 + a <= W:
+            _transform2d(0, m, xf, ((n * H + h0) * W + w0) * C, W * C, C, a, a, tmp, V, tt * C, tb * C, C)
+        else:
+            _gather(xf, n, h0, w0, H, W, C, a, d)
+            _transform2d(0, m, d, 0, a * C, C, a, a, tmp, V, tt * C, tb * C, C)
+        tj += 1
+        if tj == TW:
+            tj = 0
+            ti += 1
+            if ti == TH:
+                ti = 0
+                n += 1
+
+
+@njit(**_NJ)
+def fwd(t, nt, fp, xf, U, bias, yf, N, H, W, C, K, Ho, Wo, ph, pw, m, tb):
+    """y (N, Ho, Wo, K) = conv3x3(x (N, H, W, C), padding (ph, pw)) + bias, from U (a*a, C, K)."""
+    one = xf.dtype.type(1.0)
+    zero = xf.dtype.type(0.0)
+    a = m + 2
+    TH = (Ho + m - 1) // m
+    TW = (Wo + m - 1) // m
+    T = N * TH * TW
+    nch = (T + tb - 1) // tb
+    per = (nch + nt - 1) // nt
+    has_bias = bias.size > 0
+    Ku = uint64(K)
+    d = np.empty(a * a * max(C, K), xf.dtype)
+    tmp = np.empty(a * a * max(C, K), xf.dtype)
+    yt = np.empty(m * m * K, xf.dtype)
+    V = np.empty(a * a * tb * C, xf.dtype)
+    M = np.empty(a * a * tb * K, xf.dtype)
+    for ch in range(t * per, min(nch, (t + 1) * per)):
+        t0 = ch * tb
+        nb = min(T, t0 + tb) - t0
+        _input_tiles(xf, t0, nb, tb, TH, TW, m, H, W, C, ph, pw, d, tmp, V)
+        for e in range(a * a):
+            gemm(fp, NO_TRANS, NO_TRANS, nb, K, C, one, addr(V, e * tb * C), C, addr(U, e * C * K), K,
+                 zero, addr(M, e * tb * K), K)
+        for tt in range(nb):
+            n, ti, tj = _tile_of(t0 + tt, TH, TW)
+            _transform2d(1, m, M, tt * K, a * tb * K, tb * K, a, m, tmp, yt, 0, K, K)
+            for i in range(m):
+                h = ti * m + i
+                if h >= Ho:
+                    break
+                for j in range(m):
+                    w = tj * m + j
+                    if w >= Wo:
+                        break
+                    yu = uint64(((n * Ho + h) * Wo + w) * K)
+                    su = uint64((i * m + j) * K)
+                    if has_bias:
+                        for k in range(Ku):
+                            yf[yu + k] = yt[su + k] + bias[k]
+                    else:
+                        for k in range(Ku):
+                            yf[yu + k] = yt[su + k]
+
+
+@njit(**_NJ)
+def bwd_w(t, nt, fp, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, ph, pw, m, tb, with_bias):
+    """acc[t] (a*a, C, K) += sum over this part's tiles of V[e]^T (A dy A^T)[e]; dbacc[t] (K,) += sum dy."""
+    one = xf.dtype.type(1.0)
+    a = m + 2
+    TH = (Ho + m - 1) // m
+    TW = (Wo + m - 1) // m
+    T = N * TH * TW
+    nch = (T + tb - 1) // tb
+    per = (nch + nt - 1) // nt
+    Ku = uint64(K)
+    d = np.empty(a * a * max(C, K), xf.dtype)
+    tmp = np.empty(a * a * max(C, K), xf.dtype)
+    g = np.empty(m * m * K, xf.dtype)
+    V = np.empty(a * a * tb * C, xf.dtype)
+    D = np.empty(a * a * tb * K, xf.dtype)
+    dbt = np.zeros(K, xf.dtype)
+    for ch in range(t * per, min(nch, (t + 1) * per)):
+        t0 = ch * tb
+        nb = min(T, t0 + tb) - t0
+        _input_tiles(xf, t0, nb, tb, TH, TW, m, H, W, C, ph, pw, d, tmp, V)
+        for tt in range(nb):
+            n, ti, tj = _tile_of(t0 + tt, TH, TW)
+            for i in range(m):                  # the m x m x K tile of dy, zero beyond the output's edge
+                h = ti * m + i
+                for j in range(m):
+                    w = tj * m + j
+                    gu = uint64((i * m + j) * K)
+                    if h >= Ho or w >= Wo:
+                        for k in range(Ku):
+                            g[gu + k] = 0
+                    else:
+                        su = uint64(((n * Ho + h) * Wo + w) * K)
+                        for k in range(Ku):
+                            g[gu + k] = dyf[su + k]
+                        if with_bias:
+                            for k in range(Ku):
+                                dbt[k] += g[gu + k]
+            _transform2d(2, m, g, 0, m * K, K, m, a, tmp, D, tt * K, tb * K, K)
+        for e in range(a * a):
+            gemm(fp, TRANS, NO_TRANS, C, K, nb, one, addr(V, e * tb * C), C, addr(D, e * tb * K), K,
+                 one, addr(acc, (t * a * a + e) * C * K), K)
+    dbacc[t, :] = dbt
