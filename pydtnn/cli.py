@@ -213,6 +213,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--enable_nccl", type=B, default=False, help="reduce GPU gradients with NCCL")
     g.add_argument("--enable_gpudirect", type=B, default=False, help="accepted for compatibility")
     g.add_argument("--enable_cudnn_auto_conv_alg", type=B, default=True, help="GPU: pick conv algorithms by measurement")
+    g.add_argument("--conv_algorithm", default="auto", choices=["auto", "direct", "winograd"],
+                   help="CPU convolutions: auto (Winograd F(4x4,3x3) on 3x3 stride-1 layers with >= 32 input and "
+                        "output channels, where it measured faster), direct, or winograd (every 3x3 stride-1 layer)")
+    g.add_argument("--enable_conv_winograd", type=B, default=False, help="CPU: same as --conv_algorithm winograd")
+    g.add_argument("--enable_conv_gemm", type=B, default=False,
+                   help="accepted for compatibility, no effect: direct CPU convolutions already are BLAS GEMMs")
+    g.add_argument("--enable_memory_cache", type=B, default=False,
+                   help="accepted for compatibility, no effect: NumPy's allocator already reuses freed buffers")
     g.add_argument("--precision", default="fp32", choices=["fp32", "tf32"],
                    help="GPU float32 math: fp32 (strict, no tensor-core TF32) or tf32 (faster, ~1e-3 relative error)")
 
@@ -278,7 +286,10 @@ def run(p):
         raise ConfigError("--non_blocking_mpi overlaps reductions of host (CPU) gradient buffers; GPU replicas "
                           "reduce in one call")
     from pydtnn.backends import get_backend
-    options = {"precision": p.precision, "auto_conv_alg": p.enable_cudnn_auto_conv_alg} if backend == "gpu" else {}
+    if p.enable_conv_winograd and p.conv_algorithm == "direct":
+        raise ConfigError("--enable_conv_winograd true contradicts --conv_algorithm direct")
+    options = ({"precision": p.precision, "auto_conv_alg": p.enable_cudnn_auto_conv_alg} if backend == "gpu" else
+               {"conv_algorithm": "winograd" if p.enable_conv_winograd else p.conv_algorithm})
     model = Model(backend=get_backend(backend, p.dtype, p.seed, **options), seed=p.seed)
     model.backend.seed(p.seed * 1000003 + rank)          # dropout: an independent stream per replica
 
@@ -385,6 +396,9 @@ def run(p):
                                                               else " (strict, no TF32)"))
         if p.parallel == "data":
             print(f"global batch {B} split as {trainer.sizes} (balance {p.balance}, weighting {p.gradient_weighting})")
+        for flag in ("enable_conv_gemm", "enable_memory_cache"):
+            if getattr(p, flag):
+                print(f"note: --{flag} is accepted for upstream's job scripts and has no effect")
         if not has_val and p.lr_schedulers_names:
             print("note: no validation data; metric-driven LR schedulers are off "
                   "(use --validation_split or --test_as_validation)")

@@ -149,18 +149,27 @@ class Backend:
         raise NotImplementedError
 
 
+# The options each backend takes (anything else is a ConfigError, not silently ignored).
+BACKEND_OPTIONS = {"cpu": ("conv_algorithm",), "gpu": ("precision", "auto_conv_alg", "device", "conv_impl")}
+
+
 def get_backend(name: str = "cpu", dtype="float32", seed: int = 0, **options) -> Backend:
     """A fresh backend object; two models may hold two different backends in one process.
 
-    `options` go to the GPU backend (precision="fp32"|"tf32", auto_conv_alg=bool, device=int).
+    CPU options: conv_algorithm="auto"|"direct"|"winograd". GPU options: precision="fp32"|"tf32",
+    auto_conv_alg=bool, device=int, conv_impl. An option the backend does not know is a ConfigError.
     """
+    if name not in BACKEND_OPTIONS:
+        raise ConfigError(f"unknown backend {name!r}: choose 'cpu' or 'gpu'")
+    unknown = sorted(set(options) - set(BACKEND_OPTIONS[name]))
+    if unknown:
+        raise ConfigError(f"unknown {name} backend option{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(unknown)}: the {name} backend takes {', '.join(BACKEND_OPTIONS[name])}")
     if name == "cpu":
         from pydtnn.backends.cpu import CPUBackend
-        return CPUBackend(dtype=dtype, seed=seed)
-    if name == "gpu":
-        from pydtnn.backends.gpu import GPUBackend
-        return GPUBackend(dtype=dtype, seed=seed, **options)
-    raise ConfigError(f"unknown backend {name!r}: choose 'cpu' or 'gpu'")
+        return CPUBackend(dtype=dtype, seed=seed, **options)
+    from pydtnn.backends.gpu import GPUBackend
+    return GPUBackend(dtype=dtype, seed=seed, **options)
 
 
 def array_module(a):
