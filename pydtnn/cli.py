@@ -396,6 +396,8 @@ def run(p):
                                                               else " (strict, no TF32)"))
         if p.parallel == "data":
             print(f"global batch {B} split as {trainer.sizes} (balance {p.balance}, weighting {p.gradient_weighting})")
+        if backend == "cpu":
+            print(f"CPU convolutions: {options['conv_algorithm']}")
         for flag in ("enable_conv_gemm", "enable_memory_cache"):
             if getattr(p, flag):
                 print(f"note: --{flag} is accepted for upstream's job scripts and has no effect")

@@ -79,6 +79,8 @@ BAD = {
     "adamw decay too large": (["--optimizer", "adamw", "--learning_rate", "0.5", "--decay", "4"],
                               "learning_rate x decay must be in [0, 1)"),
     "cosine with warm_up": (["--lr_schedulers", "warm_up,cosine"], "cosine has its own warm-up"),
+    "winograd contradicts direct": (["--enable_conv_winograd", "true", "--conv_algorithm", "direct"],
+                                    "contradicts --conv_algorithm direct"),
     "cosine min_lr above lr": (["--lr_schedulers", "cosine", "--cosine_min_lr", "1"], "min_lr must be in [0, 0.01]"),
 }
 

@@ -1,0 +1,201 @@
+"""Winograd F(4x4, 3x3) convolutions of the CPU backend against the direct path, a plain reference and
+central finite differences (float64), their float32 error against float64, the auto rule, the backend
+options and the launcher's flags."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pydtnn.backends import ConvSpec, get_backend
+from pydtnn.backends import _cpu_winograd as wino
+from pydtnn.backends.cpu import CPUBackend
+from pydtnn.errors import ConfigError
+from test_cpu_kernels import fd_grad, ref_conv, rel_err, some_indices
+
+
+def _backend(dtype, algorithm="winograd"):
+    be = CPUBackend(dtype, conv_algorithm=algorithm)
+    be.num_threads = 2
+    be._parallel_min = 0          # small test arrays still run the multi-threaded paths
+    return be
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_transform_matrices_compute_a_correlation(m):
+    """1-D F(m, 3): A^T [(G g) * (B^T d)] == the valid correlation of d (m + 2 values) with g (3 taps)."""
+    bt, g, at = wino.MATRICES[m]
+    rng = np.random.default_rng(m)
+    for _ in range(5):
+        d, w = rng.standard_normal(m + 2), rng.standard_normal(3)
+        want = np.array([d[i:i + 3] @ w for i in range(m)])
+        np.testing.assert_allclose(at @ ((g @ w) * (bt @ d)), want, rtol=1e-13, atol=1e-13)
+
+
+# (N, C, H, W, K, padding, bias): odd sizes, paddings 0..3, 1-3 input channels, batch 1, several chunks
+CASES = [
+    (1, 1, 5, 5, 1, 0, False),
+    (2, 2, 7, 9, 3, 1, True),
+    (1, 3, 6, 5, 2, 2, True),
+    (3, 3, 9, 11, 4, 1, False),
+    (1, 2, 4, 7, 2, 3, True),        # padding 3: backward data runs with padding -1 (a crop)
+    (2, 5, 13, 10, 6, 1, True),
+    (5, 4, 11, 13, 3, 0, True),      # more tiles than one 64-tile chunk
+]
+
+
+def _setup(case, seed):
+    n, c, h, w, k, p, bias = case
+    rng = np.random.default_rng(seed)
+    spec = ConvSpec(c, k, (3, 3), (1, 1), (p, p))
+    return spec, rng.standard_normal((n, c, h, w)), rng.standard_normal((k, c, 3, 3)), \
+        (rng.standard_normal(k) if bias else None), rng
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_winograd_matches_reference_and_direct(case):
+    spec, x, w, b, rng = _setup(case, 0)
+    wb, db = _backend("float64"), _backend("float64", "direct")
+    assert wb._winograd(spec, x.shape[2], x.shape[3]) and not db._winograd(spec, x.shape[2], x.shape[3])
+    xi = wb.to_internal(x)
+    y, ctx = wb.conv2d_forward(xi, w, b, spec)
+    yd, ctxd = db.conv2d_forward(xi, w, b, spec)
+    assert rel_err(wb.to_user(y), ref_conv(x, w, b, (1, 1), spec.padding, (1, 1), 1)) < 1e-12
+    r = rng.standard_normal(y.shape)
+    assert rel_err(wb.conv2d_backward_data(r, w, ctx, spec), db.conv2d_backward_data(r, w, ctxd, spec)) < 1e-12
+    for got, want in zip(wb.conv2d_backward_weights(r, ctx, spec, b is not None),
+                         db.conv2d_backward_weights(r, ctxd, spec, b is not None)):
+        assert (got is None and want is None) or rel_err(got, want) < 1e-12
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_winograd_backward_vs_finite_differences(case):
+    spec, x, w, b, rng = _setup(case, 1)
+    be = _backend("float64")
+    xi = be.to_internal(x)
+    y, ctx = be.conv2d_forward(xi, w, b, spec)
+    r = rng.standard_normal(y.shape)
+
+    def loss():
+        return float(np.sum(be.conv2d_forward(xi, w, b, spec)[0] * r))
+
+    dx = be.conv2d_backward_data(r, w, ctx, spec)
+    dw, dbias = be.conv2d_backward_weights(r, ctx, spec, with_bias=b is not None)
+    # the loss is linear in x, w and b: central differences are exact up to rounding
+    ix = some_indices(xi.size, rng)
+    np.testing.assert_allclose(dx.reshape(-1)[ix], fd_grad(loss, xi, ix, 0.5), rtol=1e-9, atol=1e-9)
+    iw = some_indices(w.size, rng, 30)
+    np.testing.assert_allclose(dw.reshape(-1)[iw], fd_grad(loss, w, iw, 0.5), rtol=1e-9, atol=1e-9)
+    if b is not None:
+        np.testing.assert_allclose(dbias, fd_grad(loss, b, np.arange(b.size), 0.5), rtol=1e-9, atol=1e-9)
+    else:
+        assert dbias is None
+
+
+# F(4x4, 3x3) rounds worse than direct convolution (its transforms have entries up to 8 and 1/24): measured
+# relative errors (max |error| / max |value|) up to ~3e-6 here, against ~3e-7 for the direct path.
+F32_BOUND = 1e-5
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 9, 11, 4, 1), (4, 64, 8, 8, 64, 1), (2, 32, 16, 16, 32, 1)], ids=str)
+def test_winograd_float32_error_is_bounded(shape):
+    n, c, h, wd, k, p = shape
+    rng = np.random.default_rng(2)
+    spec = ConvSpec(c, k, (3, 3), (1, 1), (p, p))
+    x = rng.standard_normal((n, h, wd, c))
+    w = rng.standard_normal((k, c, 3, 3)) * 0.1
+    ref = _backend("float64", "direct")
+    y64, c64 = ref.conv2d_forward(x, w, None, spec)
+    dy = rng.standard_normal(y64.shape)
+    w32 = _backend("float32")
+    y32, c32 = w32.conv2d_forward(w32.asarray(x), w32.asarray(w), None, spec)
+    assert y32.dtype == np.float32 and rel_err(y32, y64) < F32_BOUND
+    dx32 = w32.conv2d_backward_data(w32.asarray(dy), w32.asarray(w), c32, spec)
+    assert rel_err(dx32, ref.conv2d_backward_data(dy, w, c64, spec)) < F32_BOUND
+    dw32, db32 = w32.conv2d_backward_weights(w32.asarray(dy), c32, spec, True)
+    dw64, db64 = ref.conv2d_backward_weights(dy, c64, spec, True)
+    assert dw32.dtype == np.float32 and rel_err(dw32, dw64) < F32_BOUND and rel_err(db32, db64) < 1e-5
+
+
+def test_auto_rule_and_fallbacks():
+    auto, forced, direct = CPUBackend("float32"), CPUBackend("float32", conv_algorithm="winograd"), \
+        CPUBackend("float32", conv_algorithm="direct")
+    assert auto.conv_algorithm == "auto"
+    wide, narrow = ConvSpec(32, 32, (3, 3), padding=(1, 1)), ConvSpec(16, 32, (3, 3), padding=(1, 1))
+    assert auto._winograd(wide, 16, 16) and not auto._winograd(narrow, 16, 16)
+    assert forced._winograd(narrow, 16, 16) and not direct._winograd(wide, 16, 16)
+    for other in (ConvSpec(32, 32, (3, 3), (2, 2), (1, 1)), ConvSpec(32, 32, (5, 5)),
+                  ConvSpec(32, 32, (3, 3), dilation=(2, 2)), ConvSpec(32, 32, (3, 3), groups=32),
+                  ConvSpec(32, 32, (1, 1))):
+        assert not forced._winograd(other, 16, 16), other      # these stay direct even when forced
+
+
+def test_backend_options_are_checked():
+    assert get_backend("cpu", conv_algorithm="winograd").conv_algorithm == "winograd"
+    with pytest.raises(ConfigError, match="conv_algorithm"):
+        get_backend("cpu", conv_algorithm="anything")
+    with pytest.raises(ConfigError, match="unknown cpu backend option precision"):
+        get_backend("cpu", precision="tf32")
+    with pytest.raises(ConfigError, match="unknown gpu backend option conv_algorithm"):
+        get_backend("gpu", conv_algorithm="winograd")
+    with pytest.raises(ConfigError, match="unknown backend"):
+        get_backend("tpu")
+
+
+def _train(algorithm, dtype, steps=3):
+    from pydtnn import Model
+    from pydtnn.activations import Relu
+    from pydtnn.layers import FC, AdditionBlock, BatchNormalization, Conv2D, Flatten, Input, MaxPool2D
+    from pydtnn.optimizers import SGD
+    model = Model(backend=get_backend("cpu", dtype, 0, conv_algorithm=algorithm), seed=0)
+    model.add(Input(shape=(3, 10, 9)))
+    model.add(Conv2D(nfilters=32, filter_shape=(3, 3), padding=1, use_bias=False))
+    model.add(BatchNormalization())
+    model.add(Relu())
+    model.add(AdditionBlock([Conv2D(nfilters=32, filter_shape=(3, 3), padding=1), Relu(),
+                             Conv2D(nfilters=32, filter_shape=(3, 3), padding=2, activation="relu"),
+                             MaxPool2D(pool_shape=(3, 3), stride=1)], []))
+    model.add(Flatten())
+    model.add(FC(shape=(5,), activation="softmax"))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 3, 10, 9)).astype(dtype)
+    y = np.eye(5, dtype=dtype)[rng.integers(0, 5, 8)]
+    opt = SGD(learning_rate=0.05, momentum=0.9)
+    for _ in range(steps):
+        model.compute_gradients(x, y, "categorical_cross_entropy")
+        opt.step(model.params, model.grads)
+    return model.backend, model.params.copy()
+
+
+@pytest.mark.parametrize("dtype, tol", [("float64", 1e-11), ("float32", 2e-5)])
+def test_auto_and_forced_choices_train_the_same_weights(dtype, tol):
+    runs = {a: _train(a, dtype) for a in ("auto", "direct", "winograd")}
+    be = runs["auto"][0]
+    assert be._winograd(ConvSpec(32, 32, (3, 3), padding=(1, 1)), 10, 9)     # auto did run Winograd here
+    ref = runs["direct"][1]
+    for algorithm in ("auto", "winograd"):
+        assert rel_err(runs[algorithm][1], ref) < tol, algorithm
+
+
+def test_model_gradients_with_winograd():
+    from gradcheck import assert_gradients
+    from pydtnn import Model
+    from pydtnn.layers import Conv2D, Flatten, FC, Input
+    model = Model(backend=get_backend("cpu", "float64", 0, conv_algorithm="winograd"), seed=0)
+    model.add(Input(shape=(2, 7, 6)))
+    model.add(Conv2D(nfilters=3, filter_shape=(3, 3), padding=1, activation="tanh"))
+    model.add(Conv2D(nfilters=2, filter_shape=(3, 3), padding=0))
+    model.add(Flatten())
+    model.add(FC(shape=(3,)))
+    x = np.random.default_rng(0).standard_normal((2, 2, 7, 6))
+    assert_gradients(model, x, tol=1e-6)
+
+
+def test_launcher_flags(tmp_path):
+    from test_cli import FAST, launch
+    r = launch(*FAST, "--num_epochs", "1", "--steps_per_epoch", "2", "--enable_conv_winograd", "true",
+               "--enable_conv_gemm", "true", "--enable_memory_cache", "true", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "CPU convolutions: winograd" in r.stdout
+    assert "note: --enable_conv_gemm is accepted" in r.stdout and "note: --enable_memory_cache is accepted" in r.stdout
+    r = launch(*FAST, "--num_epochs", "0", cwd=tmp_path)
+    assert r.returncode == 0 and "CPU convolutions: auto" in r.stdout and "note: --enable" not in r.stdout
