@@ -200,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rebalance_interval", type=positive_int, default=20, help="dynamic: steps between re-splits")
     g.add_argument("--gradient_weighting", default="proportional", choices=["proportional", "uniform"],
                    help="proportional: w_i = b_i/B (the exact global-batch gradient); uniform: w_i = 1/P")
+    g.add_argument("--sync_batchnorm", type=B, default=False,
+                   help="BatchNormalization in training uses the global batch's statistics, summed over the "
+                        "replicas with their own b_i (exact for unequal splits; two small allreduces per layer)")
     g.add_argument("--emulate_speeds", type=float_list, default=None,
                    help="f1,f2,...: replica i behaves as if its compute ran at f_i/max(f) of its speed (it "
                         "sleeps for the missing time after each step's compute); for experiments on one machine")
@@ -366,7 +369,8 @@ def run(p):
                       schedulers=schedulers, history_file=p.history_file, progress=p.progress_bar,
                       tracer_output=tracer_output, flags=vars(p), checkpoint_dir=p.checkpoint_dir,
                       save_steps=p.model_checkpoint_save_steps, save_minutes=p.model_checkpoint_save_minutes,
-                      handle_signals=True, clip_grad_norm=p.clip_grad_norm)
+                      handle_signals=True, clip_grad_norm=p.clip_grad_norm,
+                      sync_batchnorm=p.sync_batchnorm and p.parallel == "data")
     if p.weights_and_bias_filename:
         from pydtnn.checkpoint import load_weights
         load_weights(p.weights_and_bias_filename, model)
@@ -492,12 +496,13 @@ def _probe_sizes(trainer, B, P):
     saved = [a.copy() for a in trainer._running_stats()]
     rng_state = getattr(model.backend.rng, "bit_generator", None) and model.backend.rng.bit_generator.state
     step = lambda: trainer._local_gradients(x, y, 1.0, overlap=False)
-    step()                                    # first call: allocations, compilation
-    t0 = time.perf_counter()
-    step()
-    once = max(time.perf_counter() - t0, 1e-6)
-    k = max(5, min(100, math.ceil(0.3 / once)))   # at least ~0.3 s of timed steps: short probes are noisy
-    speeds = balance.probe_speeds(step, trainer.comm, k=k, samples_per_call=len(idx))
+    with trainer.local_only():        # each rank times its own number of steps: no BatchNorm collectives
+        step()                                    # first call: allocations, compilation
+        t0 = time.perf_counter()
+        step()
+        once = max(time.perf_counter() - t0, 1e-6)
+        k = max(5, min(100, math.ceil(0.3 / once)))   # at least ~0.3 s of timed steps: short probes are noisy
+        speeds = balance.probe_speeds(step, trainer.comm, k=k, samples_per_call=len(idx))
     for a, s in zip(trainer._running_stats(), saved):
         a[...] = s
     if rng_state:

@@ -32,12 +32,14 @@ import numpy as np
 from pydtnn.checkpoint import load_checkpoint, save_checkpoint
 from pydtnn.clipping import check_max_norm, clip_by_global_norm
 from pydtnn.errors import CheckpointError, ConfigError, NumericalError, OutputError
+from pydtnn.layers.batchnorm import BatchNormalization
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
 from pydtnn.model import one_hot
 from pydtnn.outputs import atomic_write
 from pydtnn.parallel import balance
 from pydtnn.parallel.comm import BucketedReducer, SerialComm, raise_together
+from pydtnn.parallel.sync_batchnorm import BatchNormSync
 from pydtnn.progress import progress
 from pydtnn.trace import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
 
@@ -61,7 +63,7 @@ class Trainer:
                  emulate_speed=1.0, non_blocking=False, steps_per_epoch=0, seed=0, schedulers=(),
                  history_file=None, progress=True, eval_batch_size=None, tracer_output=None, log=None,
                  flags=None, checkpoint_dir="checkpoints", save_steps=0, save_minutes=0.0, handle_signals=False,
-                 clip_grad_norm=0.0, clock=time.monotonic):
+                 clip_grad_norm=0.0, sync_batchnorm=False, clock=time.monotonic):
         self.model, self.dataset, self.optimizer = model, dataset, optimizer
         self.clip_grad_norm = check_max_norm(clip_grad_norm)
         self.clipped_steps = 0         # steps whose reduced gradient was clipped (same count on every rank)
@@ -118,6 +120,10 @@ class Trainer:
         self.tracer_output = tracer_output
         self.timer = StepTimer(self.stats, self.timeline if tracer_output else None)
         self.reducer = BucketedReducer(self.comm, model.grads) if non_blocking and self.nreplicas > 1 else None
+        # --sync_batchnorm: BatchNorm layers use the global batch's statistics (one process: nothing to sync)
+        self.sync_batchnorm = bool(sync_batchnorm) and self.nreplicas > 1
+        self._bn_sync = BatchNormSync(self.comm) if self.sync_batchnorm else None
+        self._set_batchnorm_sync(self._bn_sync)
         # replicas start from the same weights (upstream trusted equal seeds)
         self.comm.bcast_(model.params, root=0)
         for arr in self._running_stats():
@@ -126,6 +132,20 @@ class Trainer:
     # --- one step ---------------------------------------------------------------------------------------
     def _running_stats(self):
         return [a for layer in self.model.all_layers() for a in layer.state_arrays().values()]
+
+    def _set_batchnorm_sync(self, sync):
+        for layer in self.model.all_layers():
+            if isinstance(layer, BatchNormalization):
+                layer.sync = sync
+
+    @contextlib.contextmanager
+    def local_only(self):
+        """Passes that one rank runs alone (speed probes, emulation calibration): no BatchNorm collectives."""
+        self._set_batchnorm_sync(None)
+        try:
+            yield
+        finally:
+            self._set_batchnorm_sync(self._bn_sync)
 
     def _emulated_slowdown(self, compute_s):
         """--emulate_speeds: sleep for the time a replica running at that fraction of its speed would lose."""
@@ -341,8 +361,9 @@ class Trainer:
         return {"categorical_accuracy": "acc"}.get(name, name)
 
     def _sync_running_stats(self):
-        """BatchNorm running statistics: the b_i-weighted mean over replicas (upstream never synced them)."""
-        if self.nreplicas == 1:
+        """BatchNorm running statistics: the b_i-weighted mean over replicas (upstream never synced them);
+        synchronized BatchNorm keeps them identical, from the global batch, so there is nothing to do."""
+        if self.nreplicas == 1 or self.sync_batchnorm:
             return
         share = self.sizes[self.rank] / self.global_batch
         for arr in self._running_stats():
