@@ -71,6 +71,16 @@ def float_list(value):
     return out
 
 
+def positive_int_list(value):
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive comma-separated integers, got {value!r}")
+    return out
+
+
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         raise ConfigError(message)
@@ -197,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split of the global batch: equal; proportional to --replica_speeds (or to probed "
                         "speeds); or re-measured and re-split during training")
     g.add_argument("--replica_speeds", type=float_list, default=None, help="v1,v2,... relative replica speeds")
+    g.add_argument("--max_local_batch", type=positive_int_list, default=None,
+                   help="memory caps: the most samples a replica may hold, one value for all or one per replica; "
+                        "the split stays proportional to speed below the caps and spills the excess to the others")
     g.add_argument("--rebalance_interval", type=positive_int, default=20, help="dynamic: steps between re-splits")
     g.add_argument("--gradient_weighting", default="proportional", choices=["proportional", "uniform"],
                    help="proportional: w_i = b_i/B (the exact global-batch gradient); uniform: w_i = 1/P")
@@ -328,15 +341,17 @@ def run(p):
         raise ConfigError("--replica_speeds is used by --parallel data --balance static only")
     if p.parallel == "data":
         B = p.global_batch_size or p.batch_size * P
+        caps = balance.caps_for(p.max_local_batch, P)
         if p.balance == "static" and p.replica_speeds:
             if len(p.replica_speeds) != P:
                 raise ConfigError(f"--replica_speeds has {len(p.replica_speeds)} values for {P} replicas")
-            sizes = balance.partition(B, p.replica_speeds)
+            sizes = balance.partition(B, p.replica_speeds, caps)
         else:
-            sizes = balance.partition(B, [1.0] * P)
+            sizes = balance.partition(B, [1.0] * P, caps)
     else:
         B = p.global_batch_size or p.batch_size
-        sizes = [B]
+        caps = balance.caps_for(p.max_local_batch, 1)
+        sizes = balance.partition(B, [1.0], caps)
     _check_batch_fits(model, sizes, len(dataset.train), p)
     emulate = 1.0
     if p.emulate_speeds:
@@ -370,7 +385,7 @@ def run(p):
                       tracer_output=tracer_output, flags=vars(p), checkpoint_dir=p.checkpoint_dir,
                       save_steps=p.model_checkpoint_save_steps, save_minutes=p.model_checkpoint_save_minutes,
                       handle_signals=True, clip_grad_norm=p.clip_grad_norm,
-                      sync_batchnorm=p.sync_batchnorm and p.parallel == "data")
+                      sync_batchnorm=p.sync_batchnorm and p.parallel == "data", max_local_batch=caps)
     if p.weights_and_bias_filename:
         from pydtnn.checkpoint import load_weights
         load_weights(p.weights_and_bias_filename, model)
@@ -378,7 +393,7 @@ def run(p):
         # a measured split (probe or dynamic) continues from the checkpoint; one given by flags is the flags'
         trainer.resume(p.resume, keep_split=p.balance == "dynamic" or (p.balance == "static" and not p.replica_speeds))
     if p.parallel == "data" and p.balance == "static" and not p.replica_speeds and not trainer.restored_split:
-        trainer.sizes = _probe_sizes(trainer, B, P)
+        trainer.sizes = _probe_sizes(trainer, B, P, caps)
 
     if rank == 0:
         _print_params(p, P)
@@ -484,30 +499,24 @@ def _download_on_rank0(p, comm):
                    "the dataset download failed on rank 0", rank0_only=True)
 
 
-def _probe_sizes(trainer, B, P):
+def _probe_sizes(trainer, B, P, caps=None):
     """--balance static without --replica_speeds: time a few local steps and split B by measured speed."""
     from pydtnn.model import one_hot
     from pydtnn.parallel import balance
     model = trainer.model
-    b = max(1, B // P)
+    b = max(1, min(B // P, min(caps) if caps else B))
     idx = trainer.dataset.train.epoch_order(trainer.seed, 0)[:b]
     x, labels = trainer.dataset.train.take(idx)
     y = one_hot(labels, trainer.nclasses, model.dtype)
-    saved = [a.copy() for a in trainer._running_stats()]
-    rng_state = getattr(model.backend.rng, "bit_generator", None) and model.backend.rng.bit_generator.state
     step = lambda: trainer._local_gradients(x, y, 1.0, overlap=False)
-    with trainer.local_only():        # each rank times its own number of steps: no BatchNorm collectives
+    with trainer.side_passes():       # each rank times its own number of steps: no BatchNorm collectives
         step()                                    # first call: allocations, compilation
         t0 = time.perf_counter()
         step()
         once = max(time.perf_counter() - t0, 1e-6)
         k = max(5, min(100, math.ceil(0.3 / once)))   # at least ~0.3 s of timed steps: short probes are noisy
         speeds = balance.probe_speeds(step, trainer.comm, k=k, samples_per_call=len(idx))
-    for a, s in zip(trainer._running_stats(), saved):
-        a[...] = s
-    if rng_state:
-        model.backend.rng.bit_generator.state = rng_state
-    return balance.partition(B, speeds.tolist())
+    return balance.partition(B, speeds.tolist(), caps)
 
 
 def _print_eval(trainer, split, what, rank):
