@@ -353,11 +353,15 @@ def run(p):
         caps = balance.caps_for(p.max_local_batch, 1)
         sizes = balance.partition(B, [1.0], caps)
     _check_batch_fits(model, sizes, len(dataset.train), p)
-    emulate = 1.0
+    emulate, emulate_spin = 1.0, False
     if p.emulate_speeds:
         if len(p.emulate_speeds) != P:
             raise ConfigError(f"--emulate_speeds has {len(p.emulate_speeds)} values for {P} replicas")
         emulate = p.emulate_speeds[rank] / max(p.emulate_speeds)
+        # busy-wait where the node's cores hold every rank's threads (a sleep slows what follows it)
+        from pydtnn.parallel.threads import node_core_sets
+        node = node_core_sets(comm)
+        emulate_spin = len(node) * threads <= len(set().union(*node))
 
     lr = p.learning_rate
     if p.parallel == "data" and p.learning_rate_scaling and p.optimizer_name == "sgd":
@@ -379,7 +383,7 @@ def run(p):
     loss = get_loss(p.loss_func, label_smoothing=p.label_smoothing)
     trainer = Trainer(model, dataset, optimizer, loss=loss, metrics=metrics, comm=comm, global_batch=B,
                       sizes=sizes, gradient_weighting=p.gradient_weighting, balance_mode=p.balance,
-                      rebalance_interval=p.rebalance_interval, emulate_speed=emulate,
+                      rebalance_interval=p.rebalance_interval, emulate_speed=emulate, emulate_spin=emulate_spin,
                       non_blocking=p.non_blocking_mpi, steps_per_epoch=p.steps_per_epoch, seed=p.seed,
                       schedulers=schedulers, history_file=p.history_file, progress=p.progress_bar,
                       tracer_output=tracer_output, flags=vars(p), checkpoint_dir=p.checkpoint_dir,

@@ -61,7 +61,7 @@ class Trainer:
     def __init__(self, model, dataset, optimizer, *, loss="categorical_cross_entropy",
                  metrics=("categorical_accuracy",), comm=None, global_batch=64, sizes=None,
                  gradient_weighting="proportional", balance_mode="none", rebalance_interval=20,
-                 emulate_speed=1.0, non_blocking=False, steps_per_epoch=0, seed=0, schedulers=(),
+                 emulate_speed=1.0, emulate_spin=False, non_blocking=False, steps_per_epoch=0, seed=0, schedulers=(),
                  history_file=None, progress=True, eval_batch_size=None, tracer_output=None, log=None,
                  flags=None, checkpoint_dir="checkpoints", save_steps=0, save_minutes=0.0, handle_signals=False,
                  clip_grad_norm=0.0, sync_batchnorm=False, max_local_batch=None, clock=time.monotonic):
@@ -87,7 +87,7 @@ class Trainer:
         if balance_mode == "dynamic":
             self.balancer = balance.DynamicBalancer(self.global_batch, self.nreplicas, interval=rebalance_interval,
                                                     initial_sizes=self.sizes, caps=self.caps)
-        self.emulator = SpeedEmulator(emulate_speed)
+        self.emulator = SpeedEmulator(emulate_speed, spin=emulate_spin)
         self.steps_per_epoch_arg = int(steps_per_epoch)
         self.steps_per_epoch = balance.steps_in_epoch(len(dataset.train), self.global_batch, self.steps_per_epoch_arg)
         if int(seed) < 0:
