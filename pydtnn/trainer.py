@@ -41,6 +41,7 @@ from pydtnn.parallel import balance
 from pydtnn.parallel.comm import BucketedReducer, SerialComm, raise_together
 from pydtnn.parallel.emulation import SpeedEmulator
 from pydtnn.parallel.sync_batchnorm import BatchNormSync
+from pydtnn.prefetch import BatchPrefetcher
 from pydtnn.progress import progress
 from pydtnn.trace import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
 
@@ -121,6 +122,7 @@ class Trainer:
         self.restored_split = False    # the split came from a checkpoint (no probe needed)
         self.finished = False
         self.stats = ReplicaStats()
+        self.prefetcher = BatchPrefetcher(self._take)
         self.timeline = Timeline(self.rank, enabled=bool(tracer_output))
         self.tracer_output = tracer_output
         self.timer = StepTimer(self.stats, self.timeline if tracer_output else None)
@@ -187,10 +189,14 @@ class Trainer:
         self.emulator.pad(start, len(x))
         return value, y_pred
 
-    def train_step(self, indices, epoch, step_sizes):
-        b_i = len(indices)
+    def _take(self, indices, epoch):
         x, labels = self.dataset.train.take(indices, epoch=epoch)
-        y = self.model.backend.asarray(one_hot(labels, self.nclasses, self.model.dtype))   # one copy to the device
+        return x, one_hot(labels, self.nclasses, self.model.dtype)
+
+    def train_step(self, indices, epoch, step_sizes, next_indices=None):
+        b_i = len(indices)
+        x, y_host = self.prefetcher.get(indices, epoch, next_indices)
+        y = self.model.backend.asarray(y_host)          # one copy to the device
         step_total = sum(step_sizes)
         weight = b_i / step_total if self.gradient_weighting == "proportional" else 1.0 / self.nreplicas
         self.timer.start_step(b_i)
@@ -231,7 +237,7 @@ class Trainer:
         self.finished = False
         if self.tracer_output:
             self.timeline.start(self.comm)
-        with self._signal_handlers():
+        with self._signal_handlers(), contextlib.closing(self.prefetcher):
             for epoch in range(self.start_epoch, num_epochs):
                 first_step, self.start_step = self.start_step, 0
                 logs = self.train_epoch(epoch, num_epochs, first_step)
@@ -322,7 +328,9 @@ class Trainer:
                 s.on_batch_begin(self, global_step)
             sizes = balance.step_sizes(step, self.global_batch, self.sizes, n, self.steps_per_epoch_arg)
             idx = balance.shard(order, step, self.global_batch, self.sizes, self.rank, n, self.steps_per_epoch_arg)
-            means, times = self.train_step(idx, epoch, sizes)
+            nxt = (balance.shard(order, step + 1, self.global_batch, self.sizes, self.rank, n,
+                                 self.steps_per_epoch_arg) if step + 1 < self.steps_per_epoch else None)
+            means, times = self.train_step(idx, epoch, sizes, nxt)
             if not math.isfinite(means[0]):
                 if bar is not None:
                     bar.close()
