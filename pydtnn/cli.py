@@ -71,6 +71,16 @@ def float_list(value):
     return out
 
 
+def positive_int_list(value):
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive comma-separated integers, got {value!r}")
+    return out
+
+
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         raise ConfigError(message)
@@ -197,9 +207,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split of the global batch: equal; proportional to --replica_speeds (or to probed "
                         "speeds); or re-measured and re-split during training")
     g.add_argument("--replica_speeds", type=float_list, default=None, help="v1,v2,... relative replica speeds")
+    g.add_argument("--max_local_batch", type=positive_int_list, default=None,
+                   help="memory caps: the most samples a replica may hold, one value for all or one per replica; "
+                        "the split stays proportional to speed below the caps and spills the excess to the others")
     g.add_argument("--rebalance_interval", type=positive_int, default=20, help="dynamic: steps between re-splits")
     g.add_argument("--gradient_weighting", default="proportional", choices=["proportional", "uniform"],
                    help="proportional: w_i = b_i/B (the exact global-batch gradient); uniform: w_i = 1/P")
+    g.add_argument("--sync_batchnorm", type=B, default=False,
+                   help="BatchNormalization in training uses the global batch's statistics, summed over the "
+                        "replicas with their own b_i (exact for unequal splits; two small allreduces per layer)")
     g.add_argument("--emulate_speeds", type=float_list, default=None,
                    help="f1,f2,...: replica i behaves as if its compute ran at f_i/max(f) of its speed (it "
                         "sleeps for the missing time after each step's compute); for experiments on one machine")
@@ -336,21 +352,27 @@ def run(p):
         raise ConfigError("--replica_speeds is used by --parallel data --balance static only")
     if p.parallel == "data":
         B = p.global_batch_size or p.batch_size * P
+        caps = balance.caps_for(p.max_local_batch, P)
         if p.balance == "static" and p.replica_speeds:
             if len(p.replica_speeds) != P:
                 raise ConfigError(f"--replica_speeds has {len(p.replica_speeds)} values for {P} replicas")
-            sizes = balance.partition(B, p.replica_speeds)
+            sizes = balance.partition(B, p.replica_speeds, caps)
         else:
-            sizes = balance.partition(B, [1.0] * P)
+            sizes = balance.partition(B, [1.0] * P, caps)
     else:
         B = p.global_batch_size or p.batch_size
-        sizes = [B]
+        caps = balance.caps_for(p.max_local_batch, 1)
+        sizes = balance.partition(B, [1.0], caps)
     _check_batch_fits(model, sizes, len(dataset.train), p)
-    emulate = 1.0
+    emulate, emulate_spin = 1.0, False
     if p.emulate_speeds:
         if len(p.emulate_speeds) != P:
             raise ConfigError(f"--emulate_speeds has {len(p.emulate_speeds)} values for {P} replicas")
         emulate = p.emulate_speeds[rank] / max(p.emulate_speeds)
+        # busy-wait where the node's cores hold every rank's threads (a sleep slows what follows it)
+        from pydtnn.parallel.threads import node_core_sets
+        node = node_core_sets(comm)
+        emulate_spin = len(node) * threads <= len(set().union(*node))
 
     lr = p.learning_rate
     if p.parallel == "data" and p.learning_rate_scaling and p.optimizer_name == "sgd":
@@ -372,12 +394,13 @@ def run(p):
     loss = get_loss(p.loss_func, label_smoothing=p.label_smoothing)
     trainer = Trainer(model, dataset, optimizer, loss=loss, metrics=metrics, comm=comm, global_batch=B,
                       sizes=sizes, gradient_weighting=p.gradient_weighting, balance_mode=p.balance,
-                      rebalance_interval=p.rebalance_interval, emulate_speed=emulate,
+                      rebalance_interval=p.rebalance_interval, emulate_speed=emulate, emulate_spin=emulate_spin,
                       non_blocking=p.non_blocking_mpi, steps_per_epoch=p.steps_per_epoch, seed=p.seed,
                       schedulers=schedulers, history_file=p.history_file, progress=p.progress_bar,
                       tracer_output=tracer_output, flags=vars(p), checkpoint_dir=p.checkpoint_dir,
                       save_steps=p.model_checkpoint_save_steps, save_minutes=p.model_checkpoint_save_minutes,
-                      handle_signals=True, clip_grad_norm=p.clip_grad_norm)
+                      handle_signals=True, clip_grad_norm=p.clip_grad_norm,
+                      sync_batchnorm=p.sync_batchnorm and p.parallel == "data", max_local_batch=caps)
     if p.weights_and_bias_filename:
         from pydtnn.checkpoint import load_weights
         load_weights(p.weights_and_bias_filename, model)
@@ -385,7 +408,7 @@ def run(p):
         # a measured split (probe or dynamic) continues from the checkpoint; one given by flags is the flags'
         trainer.resume(p.resume, keep_split=p.balance == "dynamic" or (p.balance == "static" and not p.replica_speeds))
     if p.parallel == "data" and p.balance == "static" and not p.replica_speeds and not trainer.restored_split:
-        trainer.sizes = _probe_sizes(trainer, B, P)
+        trainer.sizes = _probe_sizes(trainer, B, P, caps)
 
     if rank == 0:
         _print_params(p, P)
@@ -496,29 +519,24 @@ def _download_on_rank0(p, comm):
                    "the dataset download failed on rank 0", rank0_only=True)
 
 
-def _probe_sizes(trainer, B, P):
+def _probe_sizes(trainer, B, P, caps=None):
     """--balance static without --replica_speeds: time a few local steps and split B by measured speed."""
     from pydtnn.model import one_hot
     from pydtnn.parallel import balance
     model = trainer.model
-    b = max(1, B // P)
+    b = max(1, min(B // P, min(caps) if caps else B))
     idx = trainer.dataset.train.epoch_order(trainer.seed, 0)[:b]
     x, labels = trainer.dataset.train.take(idx)
     y = one_hot(labels, trainer.nclasses, model.dtype)
-    saved = [a.copy() for a in trainer._running_stats()]
-    rng_state = getattr(model.backend.rng, "bit_generator", None) and model.backend.rng.bit_generator.state
     step = lambda: trainer._local_gradients(x, y, 1.0, overlap=False)
-    step()                                    # first call: allocations, compilation
-    t0 = time.perf_counter()
-    step()
-    once = max(time.perf_counter() - t0, 1e-6)
-    k = max(5, min(100, math.ceil(0.3 / once)))   # at least ~0.3 s of timed steps: short probes are noisy
-    speeds = balance.probe_speeds(step, trainer.comm, k=k, samples_per_call=len(idx))
-    for a, s in zip(trainer._running_stats(), saved):
-        a[...] = s
-    if rng_state:
-        model.backend.rng.bit_generator.state = rng_state
-    return balance.partition(B, speeds.tolist())
+    with trainer.side_passes():       # each rank times its own number of steps: no BatchNorm collectives
+        step()                                    # first call: allocations, compilation
+        t0 = time.perf_counter()
+        step()
+        once = max(time.perf_counter() - t0, 1e-6)
+        k = max(5, min(100, math.ceil(0.3 / once)))   # at least ~0.3 s of timed steps: short probes are noisy
+        speeds = balance.probe_speeds(step, trainer.comm, k=k, samples_per_call=len(idx))
+    return balance.partition(B, speeds.tolist(), caps)
 
 
 def _print_eval(trainer, split, what, rank):

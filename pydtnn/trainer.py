@@ -32,12 +32,16 @@ import numpy as np
 from pydtnn.checkpoint import load_checkpoint, save_checkpoint
 from pydtnn.clipping import check_max_norm, clip_by_global_norm
 from pydtnn.errors import CheckpointError, ConfigError, NumericalError, OutputError
+from pydtnn.layers.batchnorm import BatchNormalization
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
 from pydtnn.model import one_hot
 from pydtnn.outputs import atomic_write
 from pydtnn.parallel import balance
 from pydtnn.parallel.comm import BucketedReducer, SerialComm, raise_together
+from pydtnn.parallel.emulation import SpeedEmulator
+from pydtnn.parallel.sync_batchnorm import BatchNormSync
+from pydtnn.prefetch import BatchPrefetcher
 from pydtnn.progress import progress
 from pydtnn.trace import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
 
@@ -58,10 +62,10 @@ class Trainer:
     def __init__(self, model, dataset, optimizer, *, loss="categorical_cross_entropy",
                  metrics=("categorical_accuracy",), comm=None, global_batch=64, sizes=None,
                  gradient_weighting="proportional", balance_mode="none", rebalance_interval=20,
-                 emulate_speed=1.0, non_blocking=False, steps_per_epoch=0, seed=0, schedulers=(),
+                 emulate_speed=1.0, emulate_spin=False, non_blocking=False, steps_per_epoch=0, seed=0, schedulers=(),
                  history_file=None, progress=True, eval_batch_size=None, tracer_output=None, log=None,
                  flags=None, checkpoint_dir="checkpoints", save_steps=0, save_minutes=0.0, handle_signals=False,
-                 clip_grad_norm=0.0, clock=time.monotonic):
+                 clip_grad_norm=0.0, sync_batchnorm=False, max_local_batch=None, clock=time.monotonic):
         self.model, self.dataset, self.optimizer = model, dataset, optimizer
         self.clip_grad_norm = check_max_norm(clip_grad_norm)
         self.clipped_steps = 0         # steps whose reduced gradient was clipped (same count on every rank)
@@ -71,7 +75,11 @@ class Trainer:
         self.comm = comm or SerialComm()
         self.rank, self.nreplicas = self.comm.rank, self.comm.size
         self.global_batch = int(global_batch)
-        self.sizes = list(sizes) if sizes is not None else balance.partition(self.global_batch, [1] * self.nreplicas)
+        self.caps = balance.caps_for(max_local_batch, self.nreplicas)     # memory caps b_i <= cap_i
+        self.sizes = (list(sizes) if sizes is not None else
+                      balance.partition(self.global_batch, [1] * self.nreplicas, self.caps))
+        if self.caps and any(b > c for b, c in zip(self.sizes, self.caps)):
+            raise ConfigError(f"local batch sizes {self.sizes} exceed the caps {self.caps} (--max_local_batch)")
         if gradient_weighting not in balance.WEIGHTING_MODES:
             raise ConfigError(f"--gradient_weighting must be one of {', '.join(balance.WEIGHTING_MODES)}, "
                               f"got {gradient_weighting!r}")
@@ -79,8 +87,8 @@ class Trainer:
         self.balancer = None
         if balance_mode == "dynamic":
             self.balancer = balance.DynamicBalancer(self.global_batch, self.nreplicas, interval=rebalance_interval,
-                                                    initial_sizes=self.sizes)
-        self.emulate_speed = float(emulate_speed)
+                                                    initial_sizes=self.sizes, caps=self.caps)
+        self.emulator = SpeedEmulator(emulate_speed, spin=emulate_spin)
         self.steps_per_epoch_arg = int(steps_per_epoch)
         self.steps_per_epoch = balance.steps_in_epoch(len(dataset.train), self.global_batch, self.steps_per_epoch_arg)
         if int(seed) < 0:
@@ -114,10 +122,16 @@ class Trainer:
         self.restored_split = False    # the split came from a checkpoint (no probe needed)
         self.finished = False
         self.stats = ReplicaStats()
+        self.prefetcher = BatchPrefetcher(self._take)
         self.timeline = Timeline(self.rank, enabled=bool(tracer_output))
         self.tracer_output = tracer_output
         self.timer = StepTimer(self.stats, self.timeline if tracer_output else None)
         self.reducer = BucketedReducer(self.comm, model.grads) if non_blocking and self.nreplicas > 1 else None
+        # --sync_batchnorm: BatchNorm layers use the global batch's statistics (one process: nothing to sync)
+        self.sync_batchnorm = bool(sync_batchnorm) and self.nreplicas > 1
+        self._bn_sync = BatchNormSync(self.comm) if self.sync_batchnorm else None
+        self._side_depth = 0
+        self._set_batchnorm_sync(self._bn_sync)
         # replicas start from the same weights (upstream trusted equal seeds)
         self.comm.bcast_(model.params, root=0)
         for arr in self._running_stats():
@@ -127,26 +141,62 @@ class Trainer:
     def _running_stats(self):
         return [a for layer in self.model.all_layers() for a in layer.state_arrays().values()]
 
-    def _emulated_slowdown(self, compute_s):
-        """--emulate_speeds: sleep for the time a replica running at that fraction of its speed would lose."""
-        if self.emulate_speed < 1.0:
-            time.sleep(compute_s * (1.0 / self.emulate_speed - 1.0))
+    def _set_batchnorm_sync(self, sync):
+        for layer in self.model.all_layers():
+            if isinstance(layer, BatchNormalization):
+                layer.sync = sync
+
+    @contextlib.contextmanager
+    def side_passes(self):
+        """Passes one rank runs on its own that must leave no trace (speed probes, emulation calibration):
+        no BatchNorm collectives; running statistics, the dropout RNG and the gradients restored after."""
+        saved = [a.copy() for a in self._running_stats()]
+        rng = self.model.backend.rng
+        rng_state = rng.bit_generator.state if hasattr(rng, "bit_generator") else None
+        grads = self.model.grads.copy()
+        self._side_depth += 1                 # nested (a probe's first pass calibrates the emulation)
+        self._set_batchnorm_sync(None)
+        try:
+            yield
+        finally:
+            self._side_depth -= 1
+            if not self._side_depth:
+                self._set_batchnorm_sync(self._bn_sync)
+            for a, s in zip(self._running_stats(), saved):
+                a[...] = s
+            if rng_state is not None:
+                rng.bit_generator.state = rng_state
+            self.model.grads[...] = grads
+
+    def _calibrate_emulation(self, x, y, weight):
+        """--emulate_speeds: this replica's own time per sample, before its first step (pydtnn.parallel.emulation)."""
+        def once():
+            self.model.compute_gradients(x, y, self.loss, loss_scale=weight)
+            self.model.backend.synchronize()
+        with self.side_passes():
+            self.emulator.calibrate(once, len(x))
 
     def _local_gradients(self, x, y, weight, overlap=True):
-        t0 = time.perf_counter()
+        if self.emulator.active and not self.emulator.calibrated:
+            self._calibrate_emulation(x, y, weight)
+        start = self.emulator.clock()
         hook = None
         if self.reducer is not None and overlap:
             self.reducer.start_step()
             hook = self.reducer.ready
         value, y_pred = self.model.compute_gradients(x, y, self.loss, loss_scale=weight, on_grads_ready=hook)
         self.model.backend.synchronize()
-        self._emulated_slowdown(time.perf_counter() - t0)
+        self.emulator.pad(start, len(x))
         return value, y_pred
 
-    def train_step(self, indices, epoch, step_sizes):
-        b_i = len(indices)
+    def _take(self, indices, epoch):
         x, labels = self.dataset.train.take(indices, epoch=epoch)
-        y = self.model.backend.asarray(one_hot(labels, self.nclasses, self.model.dtype))   # one copy to the device
+        return x, one_hot(labels, self.nclasses, self.model.dtype)
+
+    def train_step(self, indices, epoch, step_sizes, next_indices=None):
+        b_i = len(indices)
+        x, y_host = self.prefetcher.get(indices, epoch, next_indices)
+        y = self.model.backend.asarray(y_host)          # one copy to the device
         step_total = sum(step_sizes)
         weight = b_i / step_total if self.gradient_weighting == "proportional" else 1.0 / self.nreplicas
         self.timer.start_step(b_i)
@@ -187,7 +237,7 @@ class Trainer:
         self.finished = False
         if self.tracer_output:
             self.timeline.start(self.comm)
-        with self._signal_handlers():
+        with self._signal_handlers(), contextlib.closing(self.prefetcher):
             for epoch in range(self.start_epoch, num_epochs):
                 first_step, self.start_step = self.start_step, 0
                 logs = self.train_epoch(epoch, num_epochs, first_step)
@@ -278,7 +328,9 @@ class Trainer:
                 s.on_batch_begin(self, global_step)
             sizes = balance.step_sizes(step, self.global_batch, self.sizes, n, self.steps_per_epoch_arg)
             idx = balance.shard(order, step, self.global_batch, self.sizes, self.rank, n, self.steps_per_epoch_arg)
-            means, times = self.train_step(idx, epoch, sizes)
+            nxt = (balance.shard(order, step + 1, self.global_batch, self.sizes, self.rank, n,
+                                 self.steps_per_epoch_arg) if step + 1 < self.steps_per_epoch else None)
+            means, times = self.train_step(idx, epoch, sizes, nxt)
             if not math.isfinite(means[0]):
                 if bar is not None:
                     bar.close()
@@ -341,8 +393,9 @@ class Trainer:
         return {"categorical_accuracy": "acc"}.get(name, name)
 
     def _sync_running_stats(self):
-        """BatchNorm running statistics: the b_i-weighted mean over replicas (upstream never synced them)."""
-        if self.nreplicas == 1:
+        """BatchNorm running statistics: the b_i-weighted mean over replicas (upstream never synced them);
+        synchronized BatchNorm keeps them identical, from the global batch, so there is nothing to do."""
+        if self.nreplicas == 1 or self.sync_batchnorm:
             return
         share = self.sizes[self.rank] / self.global_batch
         for arr in self._running_stats():
@@ -435,7 +488,7 @@ class Trainer:
             self._partial = part
         self._restore_rng(meta["rng_states"], path)
         if keep_split and same_layout:
-            self.sizes = list(meta["sizes"])
+            self.sizes = self._within_caps(list(meta["sizes"]))
             self.restored_split = True
         saved = dict((name, st) for name, st in meta["schedulers"])
         for s in self.schedulers:
@@ -451,12 +504,18 @@ class Trainer:
                                                    for k, v in meta["balancer"].items()})
                 except (ConfigError, ValueError) as e:
                     raise CheckpointError(f"checkpoint {path}: metadata field 'balancer': {e}") from None
-                self.sizes = list(self.balancer.sizes)
+                self.sizes = self.balancer.sizes = self._within_caps(list(self.balancer.sizes))
                 self.restored_split = True
             else:
                 self.log(f"resume: the dynamic balancer's measurements of {meta['nreplicas']} replica(s) do not "
                          f"apply to {self.nreplicas}; starting from {self.sizes} and re-measuring")
         return meta
+
+    def _within_caps(self, sizes):
+        """A restored split under this run's memory caps (re-split in proportion to it where it exceeds them)."""
+        if self.caps and any(b > c for b, c in zip(sizes, self.caps)):
+            return balance.partition(self.global_batch, sizes, self.caps)
+        return sizes
 
     def _restore_rng(self, states, path):
         """Every saved RNG state is checked (on every rank, so all fail together); this rank's is restored."""

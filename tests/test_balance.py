@@ -76,6 +76,60 @@ def test_partition_known_cases(batch, speeds, expected):
     assert partition(batch, speeds) == expected
 
 
+# ------------------------------------------------------------------------------- partition with caps
+
+caps_case = st.lists(st.tuples(st.floats(min_value=1e-2, max_value=1e3, allow_nan=False, allow_infinity=False),
+                               st.integers(min_value=1, max_value=400)), min_size=1, max_size=10)
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=caps_case, frac=st.floats(min_value=0.0, max_value=1.0))
+def test_partition_with_caps_invariants(case, frac):
+    speeds, caps = [v for v, _ in case], [c for _, c in case]
+    batch = len(caps) + int(frac * (sum(caps) - len(caps)))      # P <= B <= sum(caps)
+    b = partition(batch, speeds, caps)
+    assert sum(b) == batch and all(1 <= bi <= ci for bi, ci in zip(b, caps)), (b, caps)
+    # with lam the water level (q_i = clamp(lam v_i, 1, cap_i)): a replica under its cap has b_i > lam v_i - 1,
+    # one above the floor b_j < lam v_j + 1, and one at its cap b_i - 1 < lam v_i; so, pairwise:
+    for i in range(len(b)):
+        for j in range(len(b)):
+            if b[j] > 1 and b[j] < caps[j]:
+                if b[i] < caps[i]:      # nobody under its cap is starved next to another replica
+                    assert Fraction(b[i] + 1) / Fraction(speeds[i]) > Fraction(b[j] - 1) / Fraction(speeds[j])
+                else:                   # a replica at its cap is not served beyond its share
+                    assert Fraction(b[i] - 1) / Fraction(speeds[i]) < Fraction(b[j] + 1) / Fraction(speeds[j])
+
+
+@settings(max_examples=200, deadline=None)
+@given(speeds=speeds_st, extra=st.integers(min_value=0, max_value=2000))
+def test_partition_caps_that_do_not_bind_change_nothing(speeds, extra):
+    batch = len(speeds) + extra
+    plain = partition(batch, speeds)
+    assert partition(batch, speeds, [x + 1 for x in plain]) == plain
+    assert partition(batch, speeds, plain) == plain       # a cap equal to the share does not bind either
+
+
+def test_partition_caps_known_cases_and_errors():
+    assert partition(256, [1, 0.5], [120, 200]) == [120, 136]       # the fast replica's memory is full
+    assert partition(256, [1, 0.5], 128) == [128, 128]              # one cap for all
+    assert partition(90, [1, 1, 1], [10, 100, 100]) == [10, 40, 40]
+    assert partition(4, [100, 1, 1], [3, 9, 9]) == [2, 1, 1]        # b_i >= 1 still holds
+    assert partition(10, [100, 5, 5], [4, 9, 9]) == [4, 3, 3]
+    with pytest.raises(ConfigError, match=r"caps \[10, 10\] .* hold 20 samples, fewer than the global batch 21"):
+        partition(21, [1, 1], [10, 10])
+    with pytest.raises(ConfigError, match="3 values for 2 replicas"):
+        partition(20, [1, 1], [10, 10, 10])
+    with pytest.raises(ConfigError, match=">= 1"):
+        partition(20, [1, 1], [0, 30])
+
+
+def test_dynamic_balancer_respects_caps():
+    bal = DynamicBalancer(100, 2, interval=1, smoothing=1.0, hysteresis=0.0, caps=[60, 100])
+    assert bal.observe([0.001, 0.004])           # replica 0 is 4x faster: it would take 80
+    assert bal.maybe_rebalance(0) == [60, 40]
+    assert bal.sizes == [60, 40]
+
+
 def test_partition_ties_are_deterministic():
     assert partition(5, [1, 1, 1, 1]) == [2, 1, 1, 1]
     assert partition(6, [1, 1, 1, 1]) == [2, 2, 1, 1]

@@ -51,6 +51,75 @@ def test_invariant_two_ranks_odd_split():
     assert r["rel_diff"] < 1e-10
 
 
+@pytest.mark.parametrize("non_blocking", ["0", "1"])
+def test_invariant_with_synchronized_batchnorm(non_blocking):
+    """BatchNorm after convolutions, inside a residual block and after an FC; 3 replicas of speeds 1:2:3:
+    weights AND running statistics equal one process's on the global batch."""
+    r = _result(run_mpi(3, "invariant.py", ["proportional", "1,2,3", 60, 4, f"non_blocking={non_blocking}",
+                                             "model=bn", "sync=1"], timeout=180))
+    assert r["sizes"] == [10, 20, 30]
+    assert r["rel_diff"] < 1e-10 and r["stats_rel_diff"] < 1e-10, r
+
+
+def test_local_batchnorm_breaks_the_invariant():
+    r = _result(run_mpi(3, "invariant.py", ["proportional", "1,2,3", 60, 4, "model=bn", "sync=0"], timeout=180))
+    assert r["rel_diff"] > 1e-6 and r["stats_rel_diff"] > 1e-6, r
+
+
+def test_glue_synchronized_batchnorm_in_a_mixed_gpu_cpu_job():
+    """Rank 0 on the GPU backend over the host stand-in (tests/gpu_standin: glue, not a GPU), ranks 1-2 on
+    the CPU: the synchronized statistics cross backends through host buffers."""
+    import gpu_standin
+    env = {k: v for k, v in gpu_standin.subprocess_env(PYDTNN_STANDIN_DEVICES=1).items()
+           if k in ("PYTHONPATH", "PYDTNN_GPU_STANDIN", "PYDTNN_STANDIN_DEVICES")}
+    r = _result(run_mpi(3, "invariant.py", ["proportional", "1,2,3", 60, 4, "model=bn", "sync=1",
+                                             "devices=gpu,cpu,cpu"], timeout=180, env=env))
+    assert r["rel_diff"] < 1e-10 and r["stats_rel_diff"] < 1e-10, r
+
+
+BN_MODEL = """
+from pydtnn.layers import FC, AdditionBlock, BatchNormalization, Conv2D, Flatten, Input, MaxPool2D, Relu
+
+
+def create_model(model):
+    model.add(Input(shape=(3, 8, 8)))
+    model.add(Conv2D(nfilters=4, filter_shape=(3, 3), padding=1))
+    model.add(BatchNormalization())
+    model.add(Relu())
+    model.add(AdditionBlock([Conv2D(nfilters=4, filter_shape=(3, 3), padding=1), BatchNormalization(), Relu()], []))
+    model.add(MaxPool2D(pool_shape=(2, 2), stride=2))
+    model.add(Flatten())
+    model.add(FC(shape=(8,)))
+    model.add(BatchNormalization())
+    model.add(Relu())
+    model.add(FC(shape=(10,), activation="softmax"))
+    return model
+"""
+
+
+def test_launcher_sync_batchnorm_three_heterogeneous_replicas_equal_one_process(tmp_path):
+    model = tmp_path / "bnnet.py"
+    model.write_text(BN_MODEL)
+    common = ["--model", str(model), "--dataset", "synthetic", "--synthetic_samples", "180", "--dtype", "float64",
+              "--num_epochs", "2", "--seed", "3", "--learning_rate", "0.05", "--learning_rate_scaling", "false",
+              "--lr_schedulers", "", "--progress_bar", "false"]
+    runs = {"seq": (1, ["--batch_size", "60"])}
+    for sync in ("true", "false"):
+        runs[sync] = (3, ["--parallel", "data", "--global_batch_size", "60", "--balance", "static",
+                          "--replica_speeds", "1,2,3", "--sync_batchnorm", sync])
+    weights = {}
+    for name, (n, extra) in runs.items():
+        weights[name] = tmp_path / f"{name}.npz"
+        r = run_mpi(n, LAUNCHER, common + extra + ["--save_weights_and_bias_filename", weights[name]], timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+    seq, synced, local = (np.load(weights[k]) for k in ("seq", "true", "false"))
+    stats = [k for k in seq.files if k.endswith(("/mean", "/var"))]
+    assert len(stats) == 6, seq.files
+    for k in seq.files:
+        assert np.allclose(seq[k], synced[k], rtol=1e-10, atol=1e-12), k
+    assert max(float(np.max(np.abs(seq[k] - local[k]))) for k in stats) > 1e-6
+
+
 COMMON = ["--model", "simplecnn", "--dataset", "synthetic", "--synthetic_samples", "300", "--dtype", "float64",
           "--num_epochs", "2", "--seed", "3", "--learning_rate", "0.05", "--learning_rate_scaling", "false",
           "--lr_schedulers", "", "--progress_bar", "false"]

@@ -137,15 +137,18 @@ class Backend:
         raise NotImplementedError
 
     # --- batch normalization (per channel; statistics over every other axis) -------------------------
-    def batchnorm_forward_train(self, x, gamma, beta, eps: float):
-        """Returns (y, batch_mean, batch_var_biased, ctx)."""
+    def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None):
+        """Returns (y, batch_mean, batch_var_biased, ctx). With ``sync`` (a
+        `pydtnn.parallel.sync_batchnorm.BatchNormSync`) the statistics are the global batch's: the local
+        per-channel sums go through ``sync.forward_moments`` about ``center`` (the same on every replica)."""
         raise NotImplementedError
 
     def batchnorm_forward_infer(self, x, gamma, beta, mean, var, eps: float):
         raise NotImplementedError
 
-    def batchnorm_backward(self, dy, ctx):
-        """Returns (dx, dgamma, dbeta)."""
+    def batchnorm_backward(self, dy, ctx, sync=None):
+        """Returns (dx, dgamma, dbeta): dgamma and dbeta over this replica's rows (the gradient reduction
+        adds them up); with ``sync``, dx uses the sums over every replica (``sync.backward_sums``)."""
         raise NotImplementedError
 
 

@@ -365,7 +365,7 @@ class CPUBackend(Backend):
     def _vec(self, v):
         return np.ascontiguousarray(np.asarray(v).reshape(-1), dtype=self.dtype)
 
-    def batchnorm_forward_train(self, x, gamma, beta, eps: float):
+    def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None):
         x, m, c = self._bn_2d(x, gamma, "batchnorm_forward_train")
         if m == 0:
             raise ShapeError("batchnorm_forward_train: empty batch")
@@ -373,17 +373,21 @@ class CPUBackend(Backend):
         nt = self._nt(x.size)
         s1 = np.empty((nt, c))
         s2 = np.empty((nt, c))
-        shift = xf[:c].astype(np.float64)                     # shifted sums: stable one-pass variance
+        # shifted sums: stable one-pass variance; synchronized, about the centre every replica shares
+        shift = xf[:c].astype(np.float64) if sync is None else np.asarray(center, np.float64).reshape(-1)
         POOL.run(kp.bn_sums, nt, xf, xf, shift, s1, s2, m, c, False)
-        d1 = s1.sum(axis=0) / m
+        t1, t2 = s1.sum(axis=0), s2.sum(axis=0)
+        if sync is not None:
+            t1, t2, m = sync.forward_moments(np, t1, t2, m, shift, shift)
+        d1 = t1 / m
         mean = shift + d1
-        var = np.maximum(s2.sum(axis=0) / m - d1 * d1, 0.0)
+        var = np.maximum(t2 / m - d1 * d1, 0.0)
         invstd = 1.0 / np.sqrt(var + eps)
         g = np.asarray(gamma, np.float64).reshape(-1)
         y = np.empty_like(x)
         POOL.run(kp.bn_affine, nt, xf, xf, self._vec(mean), self._vec(mean), self._vec(g * invstd),
-                 self._vec(beta), y.reshape(-1), m, c, False)
-        ctx = (x, mean, invstd, g)
+                 self._vec(beta), y.reshape(-1), x.size // c, c, False)
+        ctx = (x, mean, invstd, g, m)
         return y, mean.astype(self.dtype), var.astype(self.dtype), ctx
 
     def batchnorm_forward_infer(self, x, gamma, beta, mean, var, eps: float):
@@ -397,8 +401,8 @@ class CPUBackend(Backend):
                  y.reshape(-1), m, c, False)
         return y
 
-    def batchnorm_backward(self, dy, ctx):
-        x, mean, invstd, g = ctx
+    def batchnorm_backward(self, dy, ctx, sync=None):
+        x, mean, invstd, g, count = ctx
         dy = self._c(dy)
         if dy.shape != x.shape:
             raise ShapeError(f"batchnorm_backward: dy has shape {dy.shape}, expected {x.shape}")
@@ -410,11 +414,14 @@ class CPUBackend(Backend):
         xf, dyf = x.reshape(-1), dy.reshape(-1)
         POOL.run(kp.bn_sums, nt, xf, dyf, mean, s1, s2, m, c, True)
         sdy, sdyx = s1.sum(axis=0), s2.sum(axis=0)
-        # dx = g*invstd * (dy - mean(dy) - xhat * mean(dy * xhat))
+        dgamma, dbeta = (sdyx * invstd).astype(self.dtype), sdy.astype(self.dtype)   # this replica's share
+        if sync is not None:
+            sdy, sdyx = sync.backward_sums(np, sdy, sdyx)
+        # dx = g*invstd * (dy - mean(dy) - xhat * mean(dy * xhat)), means over the (global) batch
         k1 = g * invstd
-        k2 = -g * invstd ** 3 * sdyx / m
-        k3 = -k1 * sdy / m
+        k2 = -g * invstd ** 3 * sdyx / count
+        k3 = -k1 * sdy / count
         dx = np.empty_like(x)
         POOL.run(kp.bn_affine, nt, xf, dyf, self._vec(mean), self._vec(k1), self._vec(k2), self._vec(k3),
                  dx.reshape(-1), m, c, True)
-        return dx, (sdyx * invstd).astype(self.dtype), sdy.astype(self.dtype)
+        return dx, dgamma, dbeta

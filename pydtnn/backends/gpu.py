@@ -263,20 +263,39 @@ class GPUBackend(Backend):
     def _per_channel(self, name, c, args):
         self._fn(name)((-(-c // 128),), (128,), args)
 
-    def batchnorm_forward_train(self, x, gamma, beta, eps: float):
+    def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None):
         cp = self.xp
         x, c, hw, m = self._bn_geometry(x, gamma, "batchnorm_forward_train")
         if m == 0:
             raise ShapeError("batchnorm_forward_train: empty batch")
         gamma, beta = self._c(gamma).reshape(-1), self._c(beta).reshape(-1)
         part, s = self._bn_sums(x, x, None, c, hw, m, False)
+        if sync is not None:
+            return self._bn_forward_synced(x, gamma, beta, eps, part, m, hw, sync, center)
         mean, var = cp.empty(c, self.dtype), cp.empty(c, self.dtype)
         mean64, scale64, invstd64 = (cp.empty(c, np.float64) for _ in range(3))
         self._per_channel("bn_finalize_fwd", c, (part, x, gamma, np.int32(c), np.int32(hw), np.int32(s),
                                                  np.float64(m), np.float64(eps), mean, var, mean64, scale64,
                                                  invstd64))
         y = self._bn_apply(x, mean64, scale64, beta, hw, c)
-        return y, mean, var, (x, mean64, invstd64, gamma, hw)
+        return y, mean, var, (x, mean64, invstd64, gamma, hw, m)
+
+    def _bn_forward_synced(self, x, gamma, beta, eps, part, m, hw, sync, center):
+        """Global-batch statistics: the partial sums (about each channel's first element, as the kernel
+        takes them) are added up here, reduced over replicas by `sync`, and finalized in float64."""
+        cp = self.xp
+        c = gamma.shape[0]
+        t = part.sum(axis=1)
+        shift = (x[0, :, 0, 0] if x.ndim == 4 else x[0, :]).astype(np.float64)
+        centre = cp.asarray(center, dtype=np.float64).reshape(-1)
+        t1, t2, count = sync.forward_moments(cp, t[:, 0], t[:, 1], m, shift, centre)
+        d1 = t1 / count
+        mean64 = centre + d1
+        var64 = cp.maximum(t2 / count - d1 * d1, 0.0)
+        invstd64 = 1.0 / cp.sqrt(var64 + eps)
+        scale64 = gamma.astype(np.float64) * invstd64
+        y = self._bn_apply(x, mean64, scale64, beta, hw, c)
+        return y, mean64.astype(self.dtype), var64.astype(self.dtype), (x, mean64, invstd64, gamma, hw, count)
 
     def batchnorm_forward_infer(self, x, gamma, beta, mean, var, eps: float):
         cp = self.xp
@@ -286,19 +305,28 @@ class GPUBackend(Backend):
             cp.asarray(var, dtype=np.float64).reshape(-1) + eps)
         return self._bn_apply(x, mean64, scale64, self._c(beta).reshape(-1), hw, c)
 
-    def batchnorm_backward(self, dy, ctx):
+    def batchnorm_backward(self, dy, ctx, sync=None):
         cp = self.xp
-        x, mean64, invstd64, gamma, hw = ctx
+        x, mean64, invstd64, gamma, hw, count = ctx
         dy = self._c(dy)
         if dy.shape != x.shape:
             raise ShapeError(f"batchnorm_backward: dy has shape {dy.shape}, expected {x.shape}")
         c = x.shape[1]
         m = x.size // c
         part, s = self._bn_sums(x, dy, mean64, c, hw, m, True)
-        k1, k2, k3 = (cp.empty(c, np.float64) for _ in range(3))
-        dgamma, dbeta = cp.empty(c, self.dtype), cp.empty(c, self.dtype)
-        self._per_channel("bn_finalize_bwd", c, (part, invstd64, gamma, np.int32(c), np.int32(s), np.float64(m),
-                                                 k1, k2, k3, dgamma, dbeta))
+        if sync is None:
+            k1, k2, k3 = (cp.empty(c, np.float64) for _ in range(3))
+            dgamma, dbeta = cp.empty(c, self.dtype), cp.empty(c, self.dtype)
+            self._per_channel("bn_finalize_bwd", c, (part, invstd64, gamma, np.int32(c), np.int32(s),
+                                                     np.float64(m), k1, k2, k3, dgamma, dbeta))
+        else:       # this replica's dgamma, dbeta; dx from the sums over every replica
+            t = part.sum(axis=1)
+            dgamma, dbeta = (t[:, 1] * invstd64).astype(self.dtype), t[:, 0].astype(self.dtype)
+            sdy, sdyx = sync.backward_sums(cp, t[:, 0], t[:, 1])
+            g = gamma.astype(np.float64)
+            k1 = g * invstd64
+            k2 = -g * invstd64 ** 3 * sdyx / count
+            k3 = -k1 * sdy / count
         dx = cp.empty_like(x)
         self._launch("bn_apply_bwd", x.size, (dy, x, mean64, k1, k2, k3, dx, np.int64(x.size), np.int32(hw),
                                               np.int32(c), self._kernels.index32(x.size)))

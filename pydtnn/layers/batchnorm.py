@@ -3,6 +3,10 @@
 Training normalizes with the local batch statistics and updates the running ones:
 running = momentum * running + (1 - momentum) * batch, with the unbiased batch variance (as PyTorch and
 Keras do). Inference uses the running statistics.
+
+With `sync` set (a `pydtnn.parallel.sync_batchnorm.BatchNormSync`, what the trainer does under
+--sync_batchnorm), training uses the statistics of the global batch over all replicas, counts included,
+and every replica updates the same running statistics from them.
 """
 from pydtnn.layers.base import Layer, ParamAttr
 
@@ -11,6 +15,8 @@ class BatchNormalization(Layer):
     internal_layout = True      # works on the backend's layout directly (no transposes)
     gamma, beta = ParamAttr("gamma"), ParamAttr("beta")
     dgamma, dbeta = ParamAttr("gamma", grad=True), ParamAttr("beta", grad=True)
+
+    sync = None                 # a BatchNormSync: global-batch statistics in training (data parallelism)
 
     def __init__(self, momentum=0.9, epsilon=1e-5, gamma_initializer="ones", beta_initializer="zeros", name=None):
         super().__init__(name=name)
@@ -38,8 +44,14 @@ class BatchNormalization(Layer):
         if not training:
             self.ctx, self.x = None, x      # kept so that a frozen (inference-mode) BN can back-propagate
             return self.backend.batchnorm_forward_infer(x, self.gamma, self.beta, self.mean, self.var, self.epsilon)
-        y, mean, var, self.ctx = self.backend.batchnorm_forward_train(x, self.gamma, self.beta, self.epsilon)
-        n = x.size // x.shape[self.backend.channel_axis if x.ndim == 4 else 1]
+        sync = self.sync
+        if sync is None:
+            y, mean, var, self.ctx = self.backend.batchnorm_forward_train(x, self.gamma, self.beta, self.epsilon)
+            n = x.size // x.shape[self.backend.channel_axis if x.ndim == 4 else 1]
+        else:       # centred on the running mean, which every replica holds alike
+            y, mean, var, self.ctx = self.backend.batchnorm_forward_train(
+                x, self.gamma, self.beta, self.epsilon, sync=sync, center=self.mean)
+            n = sync.count
         m = self.momentum
         self.mean *= m
         self.mean += (1 - m) * mean
@@ -50,7 +62,7 @@ class BatchNormalization(Layer):
     def backward(self, dy):
         if self.ctx is None:
             return self._backward_frozen(dy)
-        dx, dgamma, dbeta = self.backend.batchnorm_backward(dy, self.ctx)
+        dx, dgamma, dbeta = self.backend.batchnorm_backward(dy, self.ctx, sync=self.sync)
         self.dgamma[...] = dgamma
         self.dbeta[...] = dbeta
         return dx

@@ -40,7 +40,7 @@ import numpy as np
 from pydtnn.errors import ConfigError
 
 __all__ = [
-    "partition", "gradient_weights", "predicted_step_time", "steps_in_epoch", "step_span", "step_sizes",
+    "partition", "caps_for", "gradient_weights", "predicted_step_time", "steps_in_epoch", "step_span", "step_sizes",
     "shard", "epoch_permutation", "DynamicBalancer", "probe_speeds", "WEIGHTING_MODES",
 ]
 
@@ -90,7 +90,20 @@ def _sizes(sizes, global_batch: int | None = None) -> list[int]:
 
 # ------------------------------------------------------------------------------------------ partition
 
-def partition(global_batch: int, speeds: Sequence[float]) -> list[int]:
+def caps_for(caps, nreplicas: int, what: str = "--max_local_batch") -> list[int] | None:
+    """Per-replica local batch caps from one value for all or one per replica (None: no caps)."""
+    if caps is None:
+        return None
+    vals = [caps] if isinstance(caps, (int, float, np.integer, np.floating)) else list(caps)
+    if len(vals) == 1:
+        vals = vals * nreplicas
+    if len(vals) != nreplicas:
+        raise ConfigError(f"{what} has {len(vals)} values for {nreplicas} replicas (give one for all, or one "
+                          f"per replica)")
+    return [_int(v, what, 1) for v in vals]
+
+
+def partition(global_batch: int, speeds: Sequence[float], caps: Sequence[int] | None = None) -> list[int]:
     """Split ``global_batch`` samples into P integer local batches b_i proportional to ``speeds``.
 
     Largest-remainder (Hamilton) apportionment, computed in exact rational arithmetic:
@@ -100,7 +113,12 @@ def partition(global_batch: int, speeds: Sequence[float]) -> list[int]:
     quota is below 1). So |b_i - q_i| < 1 whenever every q_i >= 1, b_i < q_i + 1 always, faster
     replicas never get fewer samples, and sum(b) == B.
 
-    Raises ConfigError when B < P or when a speed is not finite and > 0.
+    Memory caps (``caps``, one int >= 1 per replica, e.g. from --max_local_batch): b_i <= cap_i. A
+    replica whose quota exceeds its cap gets exactly its cap, and the excess is shared by the others in
+    proportion to their speeds (water filling: repeated until no quota exceeds its cap); the rounding
+    above never lifts a replica over its cap, since one at its cap has no fractional part.
+
+    Raises ConfigError when B < P, when the caps sum to less than B, or when a speed is not finite and > 0.
     """
     v = _speeds(speeds)
     nrep = len(v)
@@ -108,28 +126,43 @@ def partition(global_batch: int, speeds: Sequence[float]) -> list[int]:
     if batch < nrep:
         raise ConfigError(f"global batch size {batch} is smaller than the number of replicas {nrep}: "
                           f"every replica needs at least one sample")
-    fv = [Fraction(x) for x in v]
-    sizes = [0] * nrep
-    active = list(range(nrep))
-    budget = batch
-    while True:
-        total = sum(fv[i] for i in active)
-        quota = {i: budget * fv[i] / total for i in active}
-        low = [i for i in active if quota[i] < 1]
-        if not low:
-            break
-        for i in low:
-            sizes[i] = 1
-        budget -= len(low)
-        active = [i for i in active if quota[i] >= 1]
-    floors = {i: math.floor(quota[i]) for i in active}
-    left = budget - sum(floors.values())
-    by_remainder = sorted(active, key=lambda i: (-(quota[i] - floors[i]), i))
-    for i in active:
-        sizes[i] = floors[i]
+    caps = caps_for(caps, nrep, "local batch caps")
+    if caps is not None and sum(caps) < batch:
+        raise ConfigError(f"the local batch caps {caps} (--max_local_batch) hold {sum(caps)} samples, fewer than "
+                          f"the global batch {batch}: raise the caps or lower --global_batch_size")
+    quota = _water_level(batch, [Fraction(x) for x in v], caps)
+    sizes = [math.floor(q) for q in quota]
+    left = batch - sum(sizes)
+    by_remainder = sorted(range(nrep), key=lambda i: (-(quota[i] - sizes[i]), i))
     for i in by_remainder[:left]:
         sizes[i] += 1
     return sizes
+
+
+def _water_level(batch: int, v: list[Fraction], caps: list[int] | None) -> list[Fraction]:
+    """Exact quotas q_i = clamp(lam * v_i, 1, cap_i) with sum(q) == batch: the proportional shares of the
+    replicas within their bounds, the others at a bound. sum(q) grows piecewise linearly in lam, with
+    breakpoints where a replica reaches 1 or its cap; find the segment that holds ``batch`` and solve."""
+    hi_of = [None if caps is None else Fraction(c) for c in (caps or [None] * len(v))]
+    clamp = lambda lam, i: max(Fraction(1), lam * v[i] if hi_of[i] is None else min(lam * v[i], hi_of[i]))  # noqa: E731
+    total = lambda lam: sum(clamp(lam, i) for i in range(len(v)))                                       # noqa: E731
+    if total(Fraction(0)) >= batch:                  # B == P: one sample each
+        return [Fraction(1)] * len(v)
+    points = sorted({1 / x for x in v} | ({c / x for c, x in zip(hi_of, v)} if caps is not None else set()))
+    a, b = 0, len(points)                            # the first breakpoint with total >= batch (bisection)
+    while a < b:
+        k = (a + b) // 2
+        if total(points[k]) >= batch:
+            b = k
+        else:
+            a = k + 1
+    lo = points[a - 1] if a else Fraction(0)
+    hi = points[a] if a < len(points) else lo + 1    # past every breakpoint: all without a cap are proportional
+    mid = (lo + hi) / 2
+    inside = [i for i in range(len(v)) if 1 < mid * v[i] and (hi_of[i] is None or mid * v[i] < hi_of[i])]
+    at_bound = sum(clamp(mid, i) for i in range(len(v)) if i not in inside)
+    lam = (batch - at_bound) / sum(v[i] for i in inside)
+    return [clamp(lam, i) for i in range(len(v))]
 
 
 def gradient_weights(sizes: Sequence[int], mode: str = "proportional") -> np.ndarray:
@@ -238,7 +271,7 @@ class DynamicBalancer:
       observed. Every ``interval`` steps (when ``(step + 1) % interval == 0``) the window's speeds
       v = 1 / mean(t) update an exponential moving average,
       ``ema = smoothing * v + (1 - smoothing) * ema`` (the first window sets it; ``smoothing=1`` keeps
-      only the last window). The candidate split ``partition(B, ema)`` is then adopted, and returned,
+      only the last window). The candidate split ``partition(B, ema, caps)`` is then adopted, and returned,
       only if its predicted step time (max_i b_i / v_i) beats the current split's by more than the
       fraction ``hysteresis``; otherwise None. ``sizes`` always holds the split in force.
 
@@ -248,7 +281,8 @@ class DynamicBalancer:
     """
 
     def __init__(self, global_batch: int, nreplicas: int, interval: int = 50, smoothing: float = 0.3,
-                 hysteresis: float = 0.05, initial_sizes: Sequence[int] | None = None):
+                 hysteresis: float = 0.05, initial_sizes: Sequence[int] | None = None,
+                 caps: Sequence[int] | None = None):
         self.global_batch = _int(global_batch, "global batch size", 1)
         self.nreplicas = _int(nreplicas, "number of replicas", 1)
         if self.global_batch < self.nreplicas:
@@ -263,8 +297,9 @@ class DynamicBalancer:
         if not 0.0 <= hysteresis < 1.0:
             raise ConfigError(f"rebalance hysteresis must be in [0, 1), got {hysteresis}")
         self.hysteresis = hysteresis
+        self.caps = caps_for(caps, self.nreplicas, "local batch caps")
         if initial_sizes is None:
-            self.sizes = partition(self.global_batch, [1.0] * self.nreplicas)
+            self.sizes = partition(self.global_batch, [1.0] * self.nreplicas, self.caps)
         else:
             self.sizes = _sizes(initial_sizes, self.global_batch)
             if len(self.sizes) != self.nreplicas:
@@ -302,7 +337,7 @@ class DynamicBalancer:
         if self._ema is None:
             return None
         speeds = self._ema.tolist()
-        candidate = partition(self.global_batch, speeds)
+        candidate = partition(self.global_batch, speeds, self.caps)
         if candidate == self.sizes:
             return None
         now = predicted_step_time(self.sizes, speeds)
