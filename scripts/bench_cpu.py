@@ -4,17 +4,29 @@
     pip install torch==2.13.0            # the benchmark's peer; not a dependency of PyDTNN
     python scripts/bench_cpu.py                          # the table of docs/performance.md
     python scripts/bench_cpu.py --models resnet20_cifar10 --threads 2 --breakdown
+    python scripts/bench_cpu.py --conv_algorithms direct,winograd,auto --ddp    # + the 2-rank row
 
 The PyTorch network is MIRRORED from the PyDTNN model layer by layer (same convolutions, pools, blocks,
 initial weights), and the first step's loss of both is checked to agree, so both frameworks time the very
 same computation. A step is forward + loss + backward + SGD update, float32. The two frameworks alternate
-in rounds and the median step time of each is reported, with the ratio PyDTNN / PyTorch.
+in rounds and the median step time of each is reported, with the ratio PyDTNN / PyTorch, and the spread
+of the per-round ratios (min-max). `conv_algorithm` is the CPU backend's option (PyTorch keeps its
+defaults).
+
+`--ddp`: the data-parallel step, 2 ranks x 1 thread, `--batch` samples per rank, ResNet-20 (or
+`--ddp_model`): PyDTNN through its launcher (`mpiexec -n 2 scripts/pydtnn_benchmark.py --parallel data`;
+step time = epoch time / steps, first epoch dropped) against PyTorch DDP (gloo) on the mirrored net with the
+same weights (`mpiexec -n 2` of this script as a DDP worker; mean step time over the same number of steps,
+first block dropped), alternated in rounds.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -102,10 +114,11 @@ def mirror(model):
     return nn.Sequential(*[convert(l) for l in model.layers])
 
 
-def build(name, batch, seed=0):
+def build(name, batch, seed=0, conv_algorithm="auto"):
     from pydtnn import Model
+    from pydtnn.backends import get_backend
     from pydtnn.models import build_model, default_input_shape
-    model = Model(backend="cpu", dtype="float32", seed=seed)
+    model = Model(backend=get_backend("cpu", "float32", seed, conv_algorithm=conv_algorithm), seed=seed)
     build_model(name, model)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch,) + tuple(default_input_shape(name))).astype(np.float32)
@@ -135,14 +148,14 @@ class Breakdown:
         setattr(layer, method, timed)
 
 
-def bench_row(name, batch, threads, rounds, steps, breakdown=False):
+def bench_row(name, batch, threads, rounds, steps, breakdown=False, conv_algorithm="auto"):
     import torch
     from threadpoolctl import threadpool_limits
     from pydtnn.model import one_hot
     from pydtnn.optimizers import SGD
 
     torch.set_num_threads(threads)
-    model, x, labels = build(name, batch)
+    model, x, labels = build(name, batch, conv_algorithm=conv_algorithm)
     net = mirror(model)
     net.train()
     y = one_hot(labels, model.output_shape[0], np.float32)
@@ -172,13 +185,14 @@ def bench_row(name, batch, threads, rounds, steps, breakdown=False):
         p_ours = model.forward(x, training=False)
         same = bool(np.allclose(p_ours, p_theirs, atol=1e-4))
         first_ours, first_theirs = ours(), theirs()      # warm-up
-        t_ours, t_theirs = [], []
+        t_ours, t_theirs, ratios = [], [], []
         for _ in range(rounds):
             for fn, acc in ((ours, t_ours), (theirs, t_theirs)):
                 for _ in range(steps):
                     t0 = time.perf_counter()
                     fn()
                     acc.append(time.perf_counter() - t0)
+            ratios.append(statistics.median(t_ours[-steps:]) / statistics.median(t_theirs[-steps:]))
         table = None
         if breakdown:
             bd = Breakdown(model)
@@ -187,9 +201,78 @@ def bench_row(name, batch, threads, rounds, steps, breakdown=False):
                 ours()
             total = (time.perf_counter() - t0) / steps
             table = (bd.times, total, steps)
-    return {"model": name, "threads": threads, "batch": batch, "ours_ms": 1e3 * statistics.median(t_ours),
-            "torch_ms": 1e3 * statistics.median(t_theirs), "same_loss": same,
-            "loss": (first_ours, first_theirs), "breakdown": table}
+    return {"model": name, "threads": threads, "batch": batch, "conv_algorithm": conv_algorithm,
+            "ours_ms": 1e3 * statistics.median(t_ours), "torch_ms": 1e3 * statistics.median(t_theirs),
+            "ratios": ratios, "same_loss": same, "loss": (first_ours, first_theirs), "breakdown": table}
+
+
+# --- the data-parallel row: PyDTNN's launcher against PyTorch DDP (gloo), 2 ranks x 1 thread -------------
+
+def ddp_worker(a):
+    """One rank of PyTorch DDP (gloo) on the mirror of the PyDTNN model; rank 0 prints one JSON line with
+    the mean step time of each block of `--steps` steps."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    size = int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.ddp_port}", rank=rank, world_size=size)
+    model, x, labels = build(a.ddp_model, a.batch, seed=rank)
+    net = DDP(mirror(model))                       # DDP broadcasts rank 0's weights: the same start everywhere
+    net.train()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    lossf = torch.nn.CrossEntropyLoss()
+    tx, ty = torch.from_numpy(x), torch.from_numpy(labels)
+    blocks = []
+    for _ in range(a.ddp_epochs):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            opt.zero_grad(set_to_none=True)
+            lossf(net(tx), ty).backward()
+            opt.step()
+        blocks.append((time.perf_counter() - t0) / a.steps)
+    if rank == 0:
+        print(json.dumps({"step_s": blocks}), flush=True)
+    dist.destroy_process_group()
+
+
+def _run(cmd, env):
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    if r.returncode != 0:
+        sys.exit(f"bench_cpu.py: {' '.join(cmd[:6])} ... failed:\n{r.stderr[-3000:]}")
+    return r.stdout
+
+
+def ddp_row(a, conv_algorithm):
+    """(ours ms, DDP ms, per-round ratios): median step time of each over rounds, alternated."""
+    from pydtnn.models import default_input_shape  # noqa: F401  (the launcher builds the same model)
+    from pydtnn.parallel.mpirun import find_mpiexec
+    mpiexec = find_mpiexec()
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    here = os.path.dirname(os.path.abspath(__file__))
+    ours_cmd = [mpiexec, "-n", "2", sys.executable, os.path.join(here, "pydtnn_benchmark.py"),
+                "--model", a.ddp_model, "--parallel", "data", "--batch_size", str(a.batch),
+                "--threads_per_replica", "1", "--steps_per_epoch", str(a.steps), "--num_epochs", str(a.ddp_epochs),
+                "--synthetic_samples", str(2 * a.batch * a.steps), "--progress_bar", "false", "--lr_schedulers", "",
+                "--learning_rate_scaling", "false", "--conv_algorithm", conv_algorithm]
+    theirs_cmd = [mpiexec, "-n", "2", sys.executable, os.path.abspath(__file__), "--ddp-worker",
+                  "--ddp_model", a.ddp_model, "--batch", str(a.batch), "--steps", str(a.steps),
+                  "--ddp_epochs", str(a.ddp_epochs), "--ddp_port", str(a.ddp_port)]
+    ours, theirs, ratios = [], [], []
+    for _ in range(a.ddp_rounds):
+        out = _run(ours_cmd, env)
+        epochs = [float(t) for t in re.findall(r"^epoch \d+: .*?([0-9.]+) s$", out, re.M)]
+        if len(epochs) != a.ddp_epochs:
+            sys.exit(f"bench_cpu.py: could not read the launcher's epoch times from:\n{out[-2000:]}")
+        o = statistics.median(epochs[1:]) / a.steps
+        line = [l for l in _run(theirs_cmd, env).splitlines() if l.startswith("{")][-1]
+        t = statistics.median(json.loads(line)["step_s"][1:])
+        ours.append(o)
+        theirs.append(t)
+        ratios.append(o / t)
+    return 1e3 * statistics.median(ours), 1e3 * statistics.median(theirs), ratios
 
 
 def print_breakdown(row):
@@ -215,26 +298,48 @@ def main():
     ap.add_argument("--rounds", type=int, default=5, help="alternations of the two frameworks")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per framework per round")
     ap.add_argument("--breakdown", action="store_true", help="per-layer-type forward/backward times of PyDTNN")
+    ap.add_argument("--conv_algorithms", default="auto", help="comma list of the CPU backend's conv_algorithm "
+                                                                 "(direct, winograd, auto): a row each")
+    ap.add_argument("--ddp", action="store_true", help="add the 2-rank data-parallel row against PyTorch DDP")
+    ap.add_argument("--ddp_model", default="resnet20_cifar10")
+    ap.add_argument("--ddp_rounds", type=int, default=3, help="alternations of the two 2-rank jobs")
+    ap.add_argument("--ddp_epochs", type=int, default=3, help="blocks of --steps steps per job (the first is dropped)")
+    ap.add_argument("--ddp_port", type=int, default=29517)
+    ap.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--skip_single", action="store_true", help="only the --ddp row")
     a = ap.parse_args()
+    if a.ddp_worker:
+        return ddp_worker(a)
     try:
         import torch
     except ImportError:
         sys.exit("bench_cpu.py needs PyTorch as its peer: pip install torch==2.13.0")
     print(f"PyTorch {torch.__version__}, NumPy {np.__version__}, {os.cpu_count()} CPUs, float32, batch {a.batch}")
     rows = []
-    for name in a.models.split(","):
+    algorithms = a.conv_algorithms.split(",")
+    for name in ([] if a.skip_single else a.models.split(",")):
         for threads in [int(t) for t in a.threads.split(",")]:
-            row = bench_row(name, a.batch, threads, a.rounds, a.steps, a.breakdown)
-            rows.append(row)
-            flag = "" if row["same_loss"] else "  (WARNING: the mirror's outputs differ from PyDTNN's)"
-            print(f"{name:<20} threads={threads}  pydtnn {row['ours_ms']:8.1f} ms  torch {row['torch_ms']:8.1f} ms  "
-                  f"ratio {row['ours_ms'] / row['torch_ms']:5.2f}{flag}", flush=True)
-            if a.breakdown:
-                print_breakdown(row)
-    print("\n| model | threads | PyDTNN ms/step | PyTorch ms/step | ratio |\n|---|---:|---:|---:|---:|")
+            for alg in algorithms:
+                row = bench_row(name, a.batch, threads, a.rounds, a.steps, a.breakdown, alg)
+                rows.append(row)
+                flag = "" if row["same_loss"] else "  (WARNING: the mirror's outputs differ from PyDTNN's)"
+                print(f"{name:<18} threads={threads} conv={alg:<8} pydtnn {row['ours_ms']:8.1f} ms  "
+                      f"torch {row['torch_ms']:8.1f} ms  ratio {row['ours_ms'] / row['torch_ms']:5.2f} "
+                      f"({min(row['ratios']):.2f}-{max(row['ratios']):.2f}){flag}", flush=True)
+                if a.breakdown:
+                    print_breakdown(row)
+    if a.ddp:
+        for alg in algorithms:
+            o, t, ratios = ddp_row(a, alg)
+            rows.append({"model": f"{a.ddp_model}, 2 ranks (DDP gloo)", "threads": "2x1", "conv_algorithm": alg,
+                         "ours_ms": o, "torch_ms": t, "ratios": ratios})
+            print(f"{a.ddp_model} 2 ranks x 1 thread conv={alg:<8} pydtnn {o:8.1f} ms  DDP {t:8.1f} ms  "
+                  f"ratio {o / t:5.2f} ({min(ratios):.2f}-{max(ratios):.2f})", flush=True)
+    print("\n| model | threads | conv_algorithm | PyDTNN ms/step | PyTorch ms/step | ratio | spread over rounds |\n"
+          "|---|---:|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['model']} | {r['threads']} | {r['ours_ms']:.1f} | {r['torch_ms']:.1f} | "
-              f"{r['ours_ms'] / r['torch_ms']:.2f} |")
+        print(f"| {r['model']} | {r['threads']} | {r['conv_algorithm']} | {r['ours_ms']:.1f} | {r['torch_ms']:.1f} | "
+              f"{r['ours_ms'] / r['torch_ms']:.2f} | {min(r['ratios']):.2f}-{max(r['ratios']):.2f} |")
 
 
 if __name__ == "__main__":
