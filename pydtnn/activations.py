@@ -8,12 +8,19 @@ from pydtnn.layers.base import Layer
 
 class Relu(Layer):
     internal_layout = True      # works on the backend's layout directly (no transposes)
+    fused_input = None          # set by a fused BatchNormalization before: its output, already relu'd
+    _passthrough = False
+
     def forward(self, x, training=False):
-        self.y = self.xp.maximum(x, 0)
+        # fused with the BatchNormalization before it (pydtnn/layers/fusion.py): x is relu(bn(.)) already
+        self._passthrough, self.fused_input = x is self.fused_input, None
+        self.y = x if self._passthrough else self.backend.relu_forward(x)
         return self.y
 
     def backward(self, dy):
-        return dy * (self.y > 0)
+        if self._passthrough:           # the BatchNormalization's backward applies this ReLU's mask
+            return dy
+        return self.backend.relu_backward(dy, self.y)
 
 
 class LeakyRelu(Layer):

@@ -136,7 +136,21 @@ class Backend:
     def pool2d_backward(self, dy, ctx, spec: PoolSpec):
         raise NotImplementedError
 
+    # --- ReLU (layers call these; a backend may override them with faster kernels) ---------------------
+    def relu_forward(self, x):
+        """max(x, 0); NaN stays NaN."""
+        return self.xp.maximum(x, 0)
+
+    def relu_backward(self, dy, y):
+        """dL/dx of y = relu(x) from dy = dL/dy."""
+        return dy * (y > 0)
+
     # --- batch normalization (per channel; statistics over every other axis) -------------------------
+    # True where the batchnorm_* kernels take relu=True (forward: the ReLU applied in the same pass) and
+    # batchnorm_backward takes relu_y (the gradient arriving after that ReLU): the model then runs a
+    # BatchNormalization followed by a Relu as one pass over memory, keeping both layers (pydtnn/layers/fusion.py).
+    fuses_bn_relu = False
+
     def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None):
         """Returns (y, batch_mean, batch_var_biased, ctx). With ``sync`` (a
         `pydtnn.parallel.sync_batchnorm.BatchNormSync`) the statistics are the global batch's: the local

@@ -12,6 +12,10 @@ from numba import njit, uint64
 
 _NJ = {"cache": True, "fastmath": True, "boundscheck": False, "nogil": True}
 _NJ_STRICT = {"cache": True, "boundscheck": False, "nogil": True}   # exact IEEE comparisons (max pooling)
+# fast math that still keeps NaN and inf (a ReLU must pass a NaN on, as NumPy's maximum does, so that a
+# diverged run shows in its loss)
+_NJ_NAN = {"cache": True, "boundscheck": False, "nogil": True,
+           "fastmath": {"nsz", "arcp", "contract", "afn", "reassoc"}}
 
 
 def _part(t, nt, total):
@@ -190,19 +194,22 @@ def global_avg_bwd(t, nt, dyf, dxf, N, HW, C):
 # --- batch normalization ---------------------------------------------------------------------------
 
 @njit(**_NJ)
-def bn_sums(t, nt, xf, dyf, center, s1, s2, M, C, backward):
+def bn_sums(t, nt, xf, dyf, center, s1, s2, M, C, backward, yf, relu):
     """Per-channel partial sums of part t, into s1[t], s2[t] (float64):
     forward  (backward=False): sum d, sum d*d with d = x - center (shifted sums: stable variance);
-    backward (backward=True):  sum dy, sum dy * (x - center).
+    backward (backward=True):  sum dy, sum dy * (x - center); with `relu`, dy counts only where the
+    fused ReLU's output yf is positive (the ReLU's backward, fused).
     Blocks of 128 rows accumulate in the data's dtype (twice the SIMD width of float64, measured
     ~1.3-2x faster), blocks add up in float64."""
     x2 = xf.reshape(M, C)
     g2 = dyf.reshape(M, C)
+    y2 = yf.reshape(-1, C)
     a1 = np.zeros(C, np.float64)        # thread-private accumulators (no false sharing)
     a2 = np.zeros(C, np.float64)
     b1 = np.zeros(C, xf.dtype)
     b2 = np.zeros(C, xf.dtype)
     cc = np.empty(C, xf.dtype)
+    zero = xf.dtype.type(0)
     for c in range(C):
         cc[c] = center[c]
     r0, r1 = _part(t, nt, M)
@@ -211,7 +218,13 @@ def bn_sums(t, nt, xf, dyf, center, s1, s2, M, C, backward):
         for c in range(C):
             b1[c] = 0
             b2[c] = 0
-        if backward:
+        if backward and relu:
+            for r in range(rb, re):
+                for c in range(C):
+                    g = g2[r, c] if y2[r, c] > 0 else zero
+                    b1[c] += g
+                    b2[c] += g * (x2[r, c] - cc[c])
+        elif backward:
             for r in range(rb, re):
                 for c in range(C):
                     g = g2[r, c]
@@ -231,18 +244,52 @@ def bn_sums(t, nt, xf, dyf, center, s1, s2, M, C, backward):
         s2[t, c] = a2[c]
 
 
-@njit(**_NJ)
-def bn_affine(t, nt, xf, dyf, center, k1, k2, k3, outf, M, C, with_dy):
-    """out = k1 * dy + k2 * (x - center) + k3 per channel (without the dy term when not with_dy)."""
+@njit(**_NJ_NAN)
+def bn_affine(t, nt, xf, dyf, center, k1, k2, k3, outf, M, C, with_dy, yf, relu):
+    """out = k1 * dy + k2 * (x - center) + k3 per channel (without the dy term when not with_dy).
+    `relu` fuses a following ReLU: forward, out = max(out, 0); backward, dy counts only where yf > 0."""
     x2 = xf.reshape(M, C)
     g2 = dyf.reshape(M, C)
+    y2 = yf.reshape(-1, C)
     o2 = outf.reshape(M, C)
+    zero = xf.dtype.type(0)
     r0, r1 = _part(t, nt, M)
-    if with_dy:
+    if with_dy and relu:
+        for r in range(r0, r1):
+            for c in range(C):
+                g = g2[r, c] if y2[r, c] > 0 else zero
+                o2[r, c] = k1[c] * g + k2[c] * (x2[r, c] - center[c]) + k3[c]
+    elif with_dy:
         for r in range(r0, r1):
             for c in range(C):
                 o2[r, c] = k1[c] * g2[r, c] + k2[c] * (x2[r, c] - center[c]) + k3[c]
+    elif relu:
+        for r in range(r0, r1):
+            for c in range(C):
+                v = k2[c] * (x2[r, c] - center[c]) + k3[c]
+                o2[r, c] = zero if v <= zero else v
     else:
         for r in range(r0, r1):
             for c in range(C):
                 o2[r, c] = k2[c] * (x2[r, c] - center[c]) + k3[c]
+
+
+# --- ReLU ------------------------------------------------------------------------------------------
+
+@njit(**_NJ_NAN)
+def relu_fwd(t, nt, xf, yf):
+    """y = max(x, 0) (NaN stays NaN), in parts of the flat array."""
+    zero = xf.dtype.type(0)
+    i0, i1 = _part(t, nt, xf.size)
+    for i in range(uint64(i0), uint64(i1)):
+        v = xf[i]
+        yf[i] = zero if v <= zero else v
+
+
+@njit(**_NJ_NAN)
+def relu_bwd(t, nt, dyf, yf, dxf):
+    """dx = dy where y > 0, else 0."""
+    zero = dyf.dtype.type(0)
+    i0, i1 = _part(t, nt, dyf.size)
+    for i in range(uint64(i0), uint64(i1)):
+        dxf[i] = dyf[i] if yf[i] > 0 else zero

@@ -352,6 +352,19 @@ class CPUBackend(Backend):
                      kh, kw, sh, sw, ph, pw)
         return dx
 
+    # --- ReLU -----------------------------------------------------------------------------------------
+    def relu_forward(self, x):
+        x = self._c(x)
+        y = np.empty_like(x)
+        POOL.run(kp.relu_fwd, self._nt(x.size), x.reshape(-1), y.reshape(-1))
+        return y
+
+    def relu_backward(self, dy, y):
+        dy = self._c(dy)
+        dx = np.empty_like(dy)
+        POOL.run(kp.relu_bwd, self._nt(dy.size), dy.reshape(-1), self._c(y).reshape(-1), dx.reshape(-1))
+        return dx
+
     # --- batch normalization ------------------------------------------------------------------------
     def _bn_2d(self, x, gamma, what):
         x = self._c(x)
@@ -365,7 +378,9 @@ class CPUBackend(Backend):
     def _vec(self, v):
         return np.ascontiguousarray(np.asarray(v).reshape(-1), dtype=self.dtype)
 
-    def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None):
+    fuses_bn_relu = True        # batchnorm_* take relu=True: a following ReLU in the same pass over memory
+
+    def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None, relu=False):
         x, m, c = self._bn_2d(x, gamma, "batchnorm_forward_train")
         if m == 0:
             raise ShapeError("batchnorm_forward_train: empty batch")
@@ -375,7 +390,7 @@ class CPUBackend(Backend):
         s2 = np.empty((nt, c))
         # shifted sums: stable one-pass variance; synchronized, about the centre every replica shares
         shift = xf[:c].astype(np.float64) if sync is None else np.asarray(center, np.float64).reshape(-1)
-        POOL.run(kp.bn_sums, nt, xf, xf, shift, s1, s2, m, c, False)
+        POOL.run(kp.bn_sums, nt, xf, xf, shift, s1, s2, m, c, False, xf, False)
         t1, t2 = s1.sum(axis=0), s2.sum(axis=0)
         if sync is not None:
             t1, t2, m = sync.forward_moments(np, t1, t2, m, shift, shift)
@@ -386,11 +401,11 @@ class CPUBackend(Backend):
         g = np.asarray(gamma, np.float64).reshape(-1)
         y = np.empty_like(x)
         POOL.run(kp.bn_affine, nt, xf, xf, self._vec(mean), self._vec(mean), self._vec(g * invstd),
-                 self._vec(beta), y.reshape(-1), x.size // c, c, False)
+                 self._vec(beta), y.reshape(-1), x.size // c, c, False, xf, relu)
         ctx = (x, mean, invstd, g, m)
         return y, mean.astype(self.dtype), var.astype(self.dtype), ctx
 
-    def batchnorm_forward_infer(self, x, gamma, beta, mean, var, eps: float):
+    def batchnorm_forward_infer(self, x, gamma, beta, mean, var, eps: float, relu=False):
         x, m, c = self._bn_2d(x, gamma, "batchnorm_forward_infer")
         invstd = 1.0 / np.sqrt(np.asarray(var, np.float64).reshape(-1) + eps)
         scale = np.asarray(gamma, np.float64).reshape(-1) * invstd
@@ -398,12 +413,15 @@ class CPUBackend(Backend):
         xf = x.reshape(-1)
         mu = self._vec(mean)
         POOL.run(kp.bn_affine, self._nt(x.size), xf, xf, mu, mu, self._vec(scale), self._vec(beta),
-                 y.reshape(-1), m, c, False)
+                 y.reshape(-1), m, c, False, xf, relu)
         return y
 
-    def batchnorm_backward(self, dy, ctx, sync=None):
+    def batchnorm_backward(self, dy, ctx, sync=None, relu_y=None):
+        """With `relu_y` (the fused ReLU's output), dy is the gradient after that ReLU."""
         x, mean, invstd, g, count = ctx
         dy = self._c(dy)
+        relu = relu_y is not None
+        yf = self._c(relu_y).reshape(-1) if relu else dy.reshape(-1)
         if dy.shape != x.shape:
             raise ShapeError(f"batchnorm_backward: dy has shape {dy.shape}, expected {x.shape}")
         c = x.shape[-1]
@@ -412,7 +430,7 @@ class CPUBackend(Backend):
         s1 = np.empty((nt, c))
         s2 = np.empty((nt, c))
         xf, dyf = x.reshape(-1), dy.reshape(-1)
-        POOL.run(kp.bn_sums, nt, xf, dyf, mean, s1, s2, m, c, True)
+        POOL.run(kp.bn_sums, nt, xf, dyf, mean, s1, s2, m, c, True, yf, relu)
         sdy, sdyx = s1.sum(axis=0), s2.sum(axis=0)
         dgamma, dbeta = (sdyx * invstd).astype(self.dtype), sdy.astype(self.dtype)   # this replica's share
         if sync is not None:
@@ -423,5 +441,5 @@ class CPUBackend(Backend):
         k3 = -k1 * sdy / count
         dx = np.empty_like(x)
         POOL.run(kp.bn_affine, nt, xf, dyf, self._vec(mean), self._vec(k1), self._vec(k2), self._vec(k3),
-                 dx.reshape(-1), m, c, True)
+                 dx.reshape(-1), m, c, True, yf, relu)
         return dx, dgamma, dbeta

@@ -17,6 +17,8 @@ class BatchNormalization(Layer):
     dgamma, dbeta = ParamAttr("gamma", grad=True), ParamAttr("beta", grad=True)
 
     sync = None                 # a BatchNormSync: global-batch statistics in training (data parallelism)
+    fused_relu = None           # the Relu after this layer, run in the same pass (pydtnn/layers/fusion.py)
+    _relu_y = None              # that Relu's output, from the last forward
 
     def __init__(self, momentum=0.9, epsilon=1e-5, gamma_initializer="ones", beta_initializer="zeros", name=None):
         super().__init__(name=name)
@@ -41,28 +43,43 @@ class BatchNormalization(Layer):
         return {"mean": self.mean, "var": self.var}
 
     def forward(self, x, training=False):
+        relu = self.fused_relu
+        fused = {"relu": True} if relu is not None else {}
         if not training:
             self.ctx, self.x = None, x      # kept so that a frozen (inference-mode) BN can back-propagate
-            return self.backend.batchnorm_forward_infer(x, self.gamma, self.beta, self.mean, self.var, self.epsilon)
+            y = self.backend.batchnorm_forward_infer(x, self.gamma, self.beta, self.mean, self.var, self.epsilon,
+                                                     **fused)
+            return self._hand_to_relu(y)
         sync = self.sync
         if sync is None:
-            y, mean, var, self.ctx = self.backend.batchnorm_forward_train(x, self.gamma, self.beta, self.epsilon)
+            y, mean, var, self.ctx = self.backend.batchnorm_forward_train(x, self.gamma, self.beta, self.epsilon,
+                                                                          **fused)
             n = x.size // x.shape[self.backend.channel_axis if x.ndim == 4 else 1]
         else:       # centred on the running mean, which every replica holds alike
             y, mean, var, self.ctx = self.backend.batchnorm_forward_train(
-                x, self.gamma, self.beta, self.epsilon, sync=sync, center=self.mean)
+                x, self.gamma, self.beta, self.epsilon, sync=sync, center=self.mean, **fused)
             n = sync.count
         m = self.momentum
         self.mean *= m
         self.mean += (1 - m) * mean
         self.var *= m
         self.var += (1 - m) * var * (n / max(n - 1, 1))
+        return self._hand_to_relu(y)
+
+    def _hand_to_relu(self, y):
+        """With a fused Relu, y already is relu(bn(x)): the Relu's forward will return it as it is."""
+        self._relu_y = y if self.fused_relu is not None else None
+        if self._relu_y is not None:
+            self.fused_relu.fused_input = y
         return y
 
     def backward(self, dy):
+        """dy: the gradient after the fused Relu when the forward ran fused (that Relu passed it on)."""
+        relu_y = self._relu_y
         if self.ctx is None:
-            return self._backward_frozen(dy)
-        dx, dgamma, dbeta = self.backend.batchnorm_backward(dy, self.ctx, sync=self.sync)
+            return self._backward_frozen(dy if relu_y is None else self.backend.relu_backward(dy, relu_y))
+        fused = {} if relu_y is None else {"relu_y": relu_y}
+        dx, dgamma, dbeta = self.backend.batchnorm_backward(dy, self.ctx, sync=self.sync, **fused)
         self.dgamma[...] = dgamma
         self.dbeta[...] = dbeta
         return dx
