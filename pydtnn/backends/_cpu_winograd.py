@@ -30,11 +30,15 @@ from numba import njit, uint64
 
 from pydtnn.backends._cpu_blas import NO_TRANS, TRANS, addr, gemm
 
-# The transforms' loops run over channels: 3 to 64 here, while LLVM's vectorized loop body takes 64 float32
-# at a time (8 lanes x 4 interleaved) and leaves shorter loops to scalar code. A vectorized epilogue
-# for loops of 8+ lanes makes 16- and 32-channel transforms 2-3x faster (measured). This LLVM option is
-# process-wide and only changes how later compilations vectorize remainders, never results.
+# The transforms' loops run over channels (3 to 64 here) and read and write 4-6 rows each. Two LLVM limits
+# kept them scalar: its vectorized loop body takes 64 float32 at a time (8 lanes x 4 interleaved) and
+# left shorter loops to scalar code, and it gives up on loops needing more than 8 run-time alias checks
+# (6 loads x 6 stores here). A vectorized epilogue for loops of 8+ lanes and a higher check limit made
+# the transforms 2-4x faster (measured). These options are process-wide and only change how later
+# compilations vectorize, never results. (Transforming whole rows of tiles at once, with long loops,
+# measured slower: it computes the horizontal pass at every column, m times the work.)
 _llvm.set_option("pydtnn", "-epilogue-vectorization-minimum-VF=8")
+_llvm.set_option("pydtnn", "-runtime-memory-check-threshold=128")
 
 _NJ = {"cache": True, "fastmath": True, "boundscheck": False, "nogil": True}
 
@@ -63,10 +67,12 @@ def applies(spec) -> bool:
             and spec.groups == 1)
 
 
-def pays(spec, h: int, w: int) -> bool:
-    """The "auto" rule, measured on this project's machines (docs/performance.md): Winograd wins once both
-    channel counts reach 32; with fewer channels the per-tile transforms cost more than the GEMM saves."""
-    return spec.in_channels >= 32 and spec.out_channels >= 32
+def pays(spec, h: int, w: int, weights: bool = False) -> bool:
+    """The "auto" rule, measured on this project's machines (docs/performance.md): forward and backward
+    data win once both channel counts reach 32 (with fewer, the per-tile transforms cost more than the
+    GEMMs save); backward weights, whose GEMMs reduce over the long tile axis, from 16."""
+    least = 16 if weights else 32
+    return spec.in_channels >= least and spec.out_channels >= least
 
 
 def chunk_tiles(c: int, k: int, m: int = TILE) -> int:

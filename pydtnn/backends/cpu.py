@@ -68,7 +68,7 @@ class CPUBackend(Backend):
 
     `conv_algorithm`: "direct" (the row-tap kernels of `_cpu_conv`), "winograd" (F(4x4, 3x3) for every
     3x3 stride-1 undilated dense convolution, direct for the others) or "auto" (Winograd where it
-    measured faster: see `_cpu_winograd.pays`)."""
+    measured faster, per pass: see `_cpu_winograd.pays`)."""
     name = "cpu"
     layout = "NHWC"
 
@@ -184,11 +184,11 @@ class CPUBackend(Backend):
         return y, (x,)
 
     # --- Winograd (3x3, stride 1) ------------------------------------------------------------------
-    def _winograd(self, spec: ConvSpec, h, w) -> bool:
-        """Whether this convolution runs as Winograd F(4x4, 3x3) (see the class docstring)."""
+    def _winograd(self, spec: ConvSpec, h, w, weights=False) -> bool:
+        """Whether this convolution (its backward weights when `weights`) runs as Winograd F(4x4, 3x3)."""
         if self.conv_algorithm == "direct" or not self.use_blas_kernels or not wino.applies(spec):
             return False
-        return self.conv_algorithm == "winograd" or wino.pays(spec, h, w)
+        return self.conv_algorithm == "winograd" or wino.pays(spec, h, w, weights)
 
     def _wino_fwd(self, x, u, bias, y, padding):
         n, h, wd, c = x.shape
@@ -278,7 +278,7 @@ class CPUBackend(Backend):
             dwu = np.tensordot(dy, self._windows(x, spec, ho, wo), axes=([0, 1, 2], [0, 1, 2]))
             db = dy.reshape(-1, k).sum(axis=0) if with_bias else None
             return np.ascontiguousarray(dwu, dtype=self.dtype), db
-        if self._winograd(spec, h, wd):
+        if self._winograd(spec, h, wd, weights=True):
             return self._wino_bwd_w(x, dy, spec, with_bias)
         rb, fold, direct, bufsize, nt = self._conv_plan(spec, n, h, wd, c, k, ho, wo)
         acc = np.zeros((nt, kh * kw * c * k), self.dtype)
