@@ -199,6 +199,8 @@ class Trainer:
         y = self.model.backend.asarray(y_host)          # one copy to the device
         step_total = sum(step_sizes)
         weight = b_i / step_total if self.gradient_weighting == "proportional" else 1.0 / self.nreplicas
+        if self.emulator.active and not self.emulator.calibrated:
+            self._calibrate_emulation(x, y, weight)      # not this step's compute
         self.timer.start_step(b_i)
         with self.timer.compute():
             value, y_pred = self._local_gradients(x, y, weight)
