@@ -1,9 +1,12 @@
 """The training loop: sequential or data-parallel with heterogeneity-aware batches and gradient weights.
 
 One global step s (DESIGN.md, "Data-parallel step"):
-1. every rank takes its b_i samples of the epoch's shared order (`balance.shard`);
+1. every rank takes its b_i samples of the epoch's shared order (`balance.shard`), prefetched in the
+   background during the previous step (`pydtnn.prefetch`);
 2. forward + backward on them, the loss gradient scaled by w_i (proportional: b_i/B, uniform: 1/P), so
-   that a SUM-allreduce of the flat gradient buffer gives sum_i w_i g_i;
+   that a SUM-allreduce of the flat gradient buffer gives sum_i w_i g_i (with --sync_batchnorm every
+   BatchNormalization layer sums its per-channel statistics over the replicas on the way:
+   `pydtnn.parallel.sync_batchnorm`);
 3. the reduction (one blocking Allreduce, or reverse-order buckets overlapped with backward);
 4. the optimizer step, identical on every rank;
 5. a tiny SUM-allreduce of [b_i * loss, b_i * metrics, compute time per sample] so that every rank sees
