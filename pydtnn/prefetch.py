@@ -35,8 +35,8 @@ class BatchPrefetcher:
                 batch = future.result()         # an exception in the worker is raised here, in order
                 self.hits += 1
             else:
-                future.cancel()
-                future.exception()              # let a stale fetch finish before we take another
+                if not future.cancel():         # already running: let it finish before we take another
+                    future.exception()
         if batch is None:
             self.misses += 1
             batch = self.fetch(indices, epoch)

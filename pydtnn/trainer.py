@@ -1,9 +1,12 @@
 """The training loop: sequential or data-parallel with heterogeneity-aware batches and gradient weights.
 
 One global step s (DESIGN.md, "Data-parallel step"):
-1. every rank takes its b_i samples of the epoch's shared order (`balance.shard`);
+1. every rank takes its b_i samples of the epoch's shared order (`balance.shard`), prefetched in the
+   background during the previous step (`pydtnn.prefetch`);
 2. forward + backward on them, the loss gradient scaled by w_i (proportional: b_i/B, uniform: 1/P), so
-   that a SUM-allreduce of the flat gradient buffer gives sum_i w_i g_i;
+   that a SUM-allreduce of the flat gradient buffer gives sum_i w_i g_i (with --sync_batchnorm every
+   BatchNormalization layer sums its per-channel statistics over the replicas on the way:
+   `pydtnn.parallel.sync_batchnorm`);
 3. the reduction (one blocking Allreduce, or reverse-order buckets overlapped with backward);
 4. the optimizer step, identical on every rank;
 5. a tiny SUM-allreduce of [b_i * loss, b_i * metrics, compute time per sample] so that every rank sees
@@ -199,6 +202,8 @@ class Trainer:
         y = self.model.backend.asarray(y_host)          # one copy to the device
         step_total = sum(step_sizes)
         weight = b_i / step_total if self.gradient_weighting == "proportional" else 1.0 / self.nreplicas
+        if self.emulator.active and not self.emulator.calibrated:
+            self._calibrate_emulation(x, y, weight)      # not this step's compute
         self.timer.start_step(b_i)
         with self.timer.compute():
             value, y_pred = self._local_gradients(x, y, weight)

@@ -21,7 +21,8 @@ def test_prefetched_batch_is_used_and_a_stale_one_dropped():
     p.close()
     assert a.tolist() == [0, 10] and b.tolist() == [20, 30] and c.tolist() == [40, 60]
     assert (p.hits, p.misses) == (1, 2)
-    assert [c[1] for c in calls if c[0].startswith("pydtnn-prefetch")] == [(2, 3), (4, 5)]
+    background = [c[1] for c in calls if c[0].startswith("pydtnn-prefetch")]
+    assert background in ([(2, 3)], [(2, 3), (4, 5)])    # the stale one was cancelled or ran for nothing
     assert p.get([7], 1).tolist() == [71]                # another epoch, after close: taken on the spot
 
 
