@@ -24,6 +24,8 @@ Every kernel is serial, releases the GIL and does part `t` of `nt`; arrays are f
 """
 from __future__ import annotations
 
+import functools
+
 import llvmlite.binding as _llvm
 import numpy as np
 from numba import njit, uint64
@@ -80,10 +82,13 @@ def chunk_tiles(c: int, k: int, m: int = TILE) -> int:
     return 64
 
 
-def _kron_g(m: int):
-    """(a*a, 9) matrix of G (x) G: the filter transform U = G g G^T as one matrix product per filter."""
+@functools.lru_cache(maxsize=None)
+def _kron_g(m: int, transposed: bool = False):
+    """(a*a, 9) matrix of G (x) G (the filter transform U = G g G^T as one matrix product per filter), or
+    its transpose, contiguous; computed once."""
     g = MATRICES[m][1]
-    return np.kron(g, g)
+    k = np.kron(g, g)
+    return np.ascontiguousarray(k.T if transposed else k)
 
 
 def filter_transform(w, m: int, dtype):
@@ -98,7 +103,7 @@ def filter_transform(w, m: int, dtype):
 def weight_grad_transform(du, m: int, k: int, c: int, dtype):
     """dw (K, C, 3, 3) = G^T dU G from dU (a*a, C, K), in float64."""
     dw = np.empty((9, c * k), dtype)
-    _apply_rows(np.ascontiguousarray(_kron_g(m).T), np.asarray(du).reshape(-1, c * k), dw)
+    _apply_rows(_kron_g(m, True), np.asarray(du).reshape(-1, c * k), dw)
     return np.ascontiguousarray(dw.reshape(3, 3, c, k).transpose(3, 2, 0, 1))
 
 

@@ -71,8 +71,10 @@ class AdditionBlock(_Block):
         return shapes[0]
 
     def merge(self, outs):
-        y = outs[0].copy() if len(outs) > 1 else outs[0]
-        for o in outs[1:]:
+        if len(outs) == 1:
+            return outs[0]
+        y = self.xp.add(outs[0], outs[1])         # one pass into a new array (no copy, then add)
+        for o in outs[2:]:
             y += o
         return y
 
