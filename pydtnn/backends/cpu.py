@@ -25,6 +25,7 @@ from pydtnn.backends import Backend, ConvSpec, PoolSpec, parse_dtype
 from pydtnn.backends import _cpu_blas as blas
 from pydtnn.backends import _cpu_conv as kc
 from pydtnn.backends import _cpu_kernels as kp
+from pydtnn.backends import _cpu_planes as planes
 from pydtnn.backends import _cpu_winograd as wino
 from pydtnn.backends._cpu_pool import POOL
 from pydtnn.errors import ConfigError, ShapeError
@@ -170,6 +171,10 @@ class CPUBackend(Backend):
             POOL.run(kc.dw_fwd, self._nt(y.size), x.reshape(-1), wt.reshape(-1), bias, y.reshape(-1),
                      n, h, wd, c, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw)
             return y, (x,)
+        if self._planes(spec):
+            POOL.run(planes.fwd, self._nt(y.size), x.reshape(-1), self._c(w), bias, y.reshape(-1),
+                     n, h, wd, c, k, ho, wo, kh, kw, ph, pw, dh, dw)
+            return y, (x,)
         if not self.use_blas_kernels:
             _warn_fallback()
             y[...] = np.tensordot(self._windows(x, spec, ho, wo), self._c(w), axes=([3, 4, 5], [1, 2, 3]))
@@ -182,6 +187,10 @@ class CPUBackend(Backend):
         wt = self._c(np.asarray(w).transpose(2, 3, 1, 0)).reshape(-1)       # (kh, kw, C, K)
         self._conv_fwd_core(x, wt, bias, y, spec, n, h, wd, c, k, ho, wo)
         return y, (x,)
+
+    def _planes(self, spec: ConvSpec) -> bool:
+        """Very few channels: the BLAS-free plane kernels (`_cpu_planes`), unless Winograd is forced."""
+        return planes.applies(spec) and not (self.conv_algorithm == "winograd" and wino.applies(spec))
 
     # --- Winograd (3x3, stride 1) ------------------------------------------------------------------
     def _winograd(self, spec: ConvSpec, h, w, weights=False) -> bool:
@@ -236,6 +245,13 @@ class CPUBackend(Backend):
             POOL.run(kc.dw_bwd_data, self._nt(dx.size), dy.reshape(-1), wt.reshape(-1), dx.reshape(-1),
                      n, h, wd, c, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw)
             return dx
+        if self._planes(spec) and dh * (kh - 1) >= ph and dw * (kw - 1) >= pw:
+            # dx = conv(dy, flipped filter with in/out channels swapped), "full" padding
+            tspec = ConvSpec(k, c, (kh, kw), (1, 1), (dh * (kh - 1) - ph, dw * (kw - 1) - pw), (dh, dw))
+            wf = self._c(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+            POOL.run(planes.fwd, self._nt(dx.size), dy.reshape(-1), wf, np.empty(0, self.dtype), dx.reshape(-1),
+                     n, ho, wo, k, c, h, wd, kh, kw, *tspec.padding, dh, dw)
+            return dx
         if not self.use_blas_kernels:
             return self._bwd_data_numpy(dy, self._c(w), spec, x.shape, ho, wo)
         pth, ptw = dh * (kh - 1) - ph, dw * (kw - 1) - pw
@@ -280,6 +296,14 @@ class CPUBackend(Backend):
             return np.ascontiguousarray(dwu, dtype=self.dtype), db
         if self._winograd(spec, h, wd, weights=True):
             return self._wino_bwd_w(x, dy, spec, with_bias)
+        if self._planes(spec):
+            nt = self._nt(dy.size)
+            acc = np.zeros((nt, k, c, kh, kw))
+            dbacc = np.zeros((nt, k))
+            POOL.run(planes.bwd_w, nt, x.reshape(-1), dy.reshape(-1), acc, dbacc, n, h, wd, c, k, ho, wo,
+                     kh, kw, ph, pw, dh, dw, with_bias)
+            db = dbacc.sum(axis=0).astype(self.dtype) if with_bias else None
+            return acc.sum(axis=0).astype(self.dtype), db
         rb, fold, direct, bufsize, nt = self._conv_plan(spec, n, h, wd, c, k, ho, wo)
         acc = np.zeros((nt, kh * kw * c * k), self.dtype)
         dbacc = np.zeros((nt, k), self.dtype)
