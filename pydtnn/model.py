@@ -22,7 +22,7 @@ from pydtnn.activations import make_activation
 from pydtnn.backends import Backend, get_backend
 from pydtnn.errors import CheckpointError, ConfigError, NumericalError, ShapeError
 from pydtnn.layers.base import Layer
-from pydtnn.layers.fusion import link_bn_relu
+from pydtnn.layers.fusion import link_relus
 from pydtnn.layers.input import Input
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
@@ -94,7 +94,7 @@ class Model:
                             self._grads[offset:offset + size].reshape(shape))
             self.param_offsets[f"{layer.name}/{name}"] = (offset, size)
             offset += size
-        link_bn_relu(self.layers)      # fused execution of BatchNormalization + Relu pairs, where the backend can
+        link_relus(self.layers)        # fused execution of BatchNormalization/AdditionBlock + Relu, where it can
         # top-level layer i owns params from _starts[i]; after its backward grads[_starts[i]:] are final
         self._starts, offset = [], 0
         for layer in self.layers:

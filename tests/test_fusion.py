@@ -17,13 +17,14 @@ from test_sync_batchnorm import _reduced
 
 def _model(fuse, dtype="float64"):
     be = get_backend("cpu", dtype, 0)
-    be.fuses_bn_relu = fuse                 # an instance attribute: this model's backend only
+    be.fuses_relu = fuse                 # an instance attribute: this model's backend only
     model = Model(backend=be, seed=0)
     model.add(Input(shape=(3, 7, 6)))
     model.add(Conv2D(nfilters=4, filter_shape=(3, 3), padding=1, use_bias=False))
     model.add(BatchNormalization())
     model.add(Relu())
     model.add(AdditionBlock([Conv2D(nfilters=4, filter_shape=(3, 3), padding=1), BatchNormalization(), Relu()], []))
+    model.add(Relu())                        # fused into the block's merge
     model.add(BatchNormalization())          # followed by Flatten: not fused
     model.add(Flatten())
     model.add(FC(shape=(5,), activation="softmax"))
@@ -35,12 +36,14 @@ def test_pairs_are_found_and_the_model_keeps_both_layers():
     fused.params, plain.params  # noqa: B018  (packing links the pairs)
     bns = [l for l in fused.all_layers() if isinstance(l, BatchNormalization)]
     assert [type(b.fused_relu).__name__ if b.fused_relu else None for b in bns] == ["Relu", "Relu", None]
-    assert all(l.fused_relu is None for l in plain.all_layers() if isinstance(l, BatchNormalization))
+    assert all(l.fused_relu is None for l in plain.all_layers() if isinstance(l, (BatchNormalization, AdditionBlock)))
+    assert isinstance(fused.layers[4], AdditionBlock) and fused.layers[4].fused_relu is fused.layers[5]
     assert fused.summary() == plain.summary() and "relu" in fused.summary()
     resnet = Model(backend="cpu", seed=0)
     build_model("resnet20_cifar10", resnet)
     resnet.params  # noqa: B018
     assert sum(l.fused_relu is not None for l in resnet.all_layers() if isinstance(l, BatchNormalization)) == 10
+    assert sum(l.fused_relu is not None for l in resnet.all_layers() if isinstance(l, AdditionBlock)) == 9
 
 
 def test_fused_equals_unfused_in_training_inference_and_backward():
@@ -58,7 +61,7 @@ def test_fused_equals_unfused_in_training_inference_and_backward():
         m.compute_gradients(x, y, "categorical_cross_entropy")
     np.testing.assert_allclose(fused.grads, plain.grads, rtol=1e-11, atol=1e-12)
     relus = [l for l in fused.all_layers() if isinstance(l, Relu)]
-    assert relus[0]._passthrough and relus[1]._passthrough      # the fused path did run
+    assert relus[0]._passthrough and relus[1]._passthrough and relus[2]._passthrough   # the fused paths ran
 
 
 def test_fused_gradients_vs_finite_differences():
@@ -104,7 +107,7 @@ def test_synced_fused_batchnorm_equals_the_whole_batch():
 
 
 @pytest.mark.parametrize("shape", [(64, 8, 8, 16), (3, 5)])
-def test_relu_kernels_match_numpy(shape):
+def test_relu_and_add_kernels_match_numpy(shape):
     be = get_backend("cpu", "float32", 0)
     be._parallel_min = 0
     rng = np.random.default_rng(4)
@@ -112,3 +115,5 @@ def test_relu_kernels_match_numpy(shape):
     y = be.relu_forward(x)
     np.testing.assert_array_equal(y, np.maximum(x, 0))
     np.testing.assert_array_equal(be.relu_backward(dy, y), dy * (y > 0))
+    np.testing.assert_array_equal(be.add(x, dy), x + dy)
+    np.testing.assert_array_equal(be.add(x, dy, relu=True), np.maximum(x + dy, 0))

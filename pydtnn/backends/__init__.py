@@ -145,11 +145,17 @@ class Backend:
         """dL/dx of y = relu(x) from dy = dL/dy."""
         return dy * (y > 0)
 
+    def add(self, a, b, relu=False):
+        """a + b in a new array (relu(a + b) with `relu`): the merge of an AdditionBlock's paths."""
+        y = self.xp.add(a, b)
+        return self.xp.maximum(y, 0, out=y) if relu else y
+
     # --- batch normalization (per channel; statistics over every other axis) -------------------------
     # True where the batchnorm_* kernels take relu=True (forward: the ReLU applied in the same pass) and
     # batchnorm_backward takes relu_y (the gradient arriving after that ReLU): the model then runs a
-    # BatchNormalization followed by a Relu as one pass over memory, keeping both layers (pydtnn/layers/fusion.py).
-    fuses_bn_relu = False
+    # BatchNormalization, or an AdditionBlock's merge, followed by a Relu as one pass over memory, keeping
+    # both layers (pydtnn/layers/fusion.py).
+    fuses_relu = False
 
     def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None):
         """Returns (y, batch_mean, batch_var_biased, ctx). With ``sync`` (a

@@ -293,3 +293,17 @@ def relu_bwd(t, nt, dyf, yf, dxf):
     i0, i1 = _part(t, nt, dyf.size)
     for i in range(uint64(i0), uint64(i1)):
         dxf[i] = dyf[i] if yf[i] > 0 else zero
+
+
+@njit(**_NJ_NAN)
+def add_fwd(t, nt, af, bf, yf, relu):
+    """y = a + b, or relu(a + b) (NaN stays NaN)."""
+    zero = af.dtype.type(0)
+    i0, i1 = _part(t, nt, af.size)
+    if relu:
+        for i in range(uint64(i0), uint64(i1)):
+            v = af[i] + bf[i]
+            yf[i] = zero if v <= zero else v
+    else:
+        for i in range(uint64(i0), uint64(i1)):
+            yf[i] = af[i] + bf[i]

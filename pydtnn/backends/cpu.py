@@ -389,6 +389,14 @@ class CPUBackend(Backend):
         POOL.run(kp.relu_bwd, self._nt(dy.size), dy.reshape(-1), self._c(y).reshape(-1), dx.reshape(-1))
         return dx
 
+    def add(self, a, b, relu=False):
+        a, b = self._c(a), self._c(b)
+        if a.shape != b.shape:
+            raise ShapeError(f"add: shapes {a.shape} and {b.shape} differ")
+        y = np.empty_like(a)
+        POOL.run(kp.add_fwd, self._nt(a.size), a.reshape(-1), b.reshape(-1), y.reshape(-1), relu)
+        return y
+
     # --- batch normalization ------------------------------------------------------------------------
     def _bn_2d(self, x, gamma, what):
         x = self._c(x)
@@ -402,7 +410,7 @@ class CPUBackend(Backend):
     def _vec(self, v):
         return np.ascontiguousarray(np.asarray(v).reshape(-1), dtype=self.dtype)
 
-    fuses_bn_relu = True        # batchnorm_* take relu=True: a following ReLU in the same pass over memory
+    fuses_relu = True           # batchnorm_* take relu=True: a following ReLU in the same pass over memory
 
     def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None, relu=False):
         x, m, c = self._bn_2d(x, gamma, "batchnorm_forward_train")

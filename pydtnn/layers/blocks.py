@@ -60,22 +60,37 @@ class _Block(Layer):
         for path, dpath in reversed(list(zip(self.paths, self.split(dy)))):
             for layer in reversed(path):
                 dpath = layer.backward_internal(dpath)
-            dx = dpath if dx is None else dx + dpath
+            dx = dpath if dx is None else self.backend.add(dx, dpath)
         return dx
 
 
 class AdditionBlock(_Block):
+    fused_relu = None           # the Relu after this block, applied in the merge (pydtnn/layers/fusion.py)
+    _relu_y = None
+
+    def backward(self, dy):
+        if self._relu_y is not None:        # the fused Relu passed dy on: its mask comes first
+            dy = self.backend.relu_backward(dy, self._relu_y)
+        return super().backward(dy)
+
     def merge_shape(self, shapes):
         if any(s != shapes[0] for s in shapes):
             raise self.shape_error(f"paths give different shapes {shapes}; an addition needs equal shapes")
         return shapes[0]
 
     def merge(self, outs):
-        if len(outs) == 1:
+        relu = self.fused_relu is not None
+        self._relu_y = None
+        if len(outs) == 1 and not relu:
             return outs[0]
-        y = self.xp.add(outs[0], outs[1])         # one pass into a new array (no copy, then add)
-        for o in outs[2:]:
-            y += o
+        if len(outs) == 1:
+            y = self.backend.relu_forward(outs[0])
+        else:           # one pass into a new array; the fused Relu in the last one
+            y = self.backend.add(outs[0], outs[1], relu=relu and len(outs) == 2)
+            for i, o in enumerate(outs[2:]):
+                y = self.backend.add(y, o, relu=relu and i == len(outs) - 3)
+        if relu:
+            self._relu_y = self.fused_relu.fused_input = y
         return y
 
     def split(self, dy):
