@@ -194,16 +194,16 @@ def global_avg_bwd(t, nt, dyf, dxf, N, HW, C):
 # --- batch normalization ---------------------------------------------------------------------------
 
 @njit(**_NJ)
-def bn_sums(t, nt, xf, dyf, center, s1, s2, M, C, backward, yf, relu):
+def bn_sums(t, nt, xf, dyf, center, s1, s2, M, C, backward, fk2, fk3, relu):
     """Per-channel partial sums of part t, into s1[t], s2[t] (float64):
     forward  (backward=False): sum d, sum d*d with d = x - center (shifted sums: stable variance);
     backward (backward=True):  sum dy, sum dy * (x - center); with `relu`, dy counts only where the
-    fused ReLU's output yf is positive (the ReLU's backward, fused).
+    fused ReLU's output was positive: where fk2 * (x - center) + fk3, the forward's own float32 affine
+    map, is (the ReLU's backward, fused, without reading its output).
     Blocks of 128 rows accumulate in the data's dtype (twice the SIMD width of float64, measured
     ~1.3-2x faster), blocks add up in float64."""
     x2 = xf.reshape(M, C)
     g2 = dyf.reshape(M, C)
-    y2 = yf.reshape(-1, C)
     a1 = np.zeros(C, np.float64)        # thread-private accumulators (no false sharing)
     a2 = np.zeros(C, np.float64)
     b1 = np.zeros(C, xf.dtype)
@@ -221,9 +221,10 @@ def bn_sums(t, nt, xf, dyf, center, s1, s2, M, C, backward, yf, relu):
         if backward and relu:
             for r in range(rb, re):
                 for c in range(C):
-                    g = g2[r, c] if y2[r, c] > 0 else zero
+                    d = x2[r, c] - cc[c]
+                    g = g2[r, c] if fk2[c] * d + fk3[c] > zero else zero
                     b1[c] += g
-                    b2[c] += g * (x2[r, c] - cc[c])
+                    b2[c] += g * d
         elif backward:
             for r in range(rb, re):
                 for c in range(C):
@@ -245,20 +246,21 @@ def bn_sums(t, nt, xf, dyf, center, s1, s2, M, C, backward, yf, relu):
 
 
 @njit(**_NJ_NAN)
-def bn_affine(t, nt, xf, dyf, center, k1, k2, k3, outf, M, C, with_dy, yf, relu):
+def bn_affine(t, nt, xf, dyf, center, k1, k2, k3, outf, M, C, with_dy, fk2, fk3, relu):
     """out = k1 * dy + k2 * (x - center) + k3 per channel (without the dy term when not with_dy).
-    `relu` fuses a following ReLU: forward, out = max(out, 0); backward, dy counts only where yf > 0."""
+    `relu` fuses a following ReLU: forward, out = max(out, 0); backward, dy counts only where the forward's
+    fk2 * (x - center) + fk3 was positive."""
     x2 = xf.reshape(M, C)
     g2 = dyf.reshape(M, C)
-    y2 = yf.reshape(-1, C)
     o2 = outf.reshape(M, C)
     zero = xf.dtype.type(0)
     r0, r1 = _part(t, nt, M)
     if with_dy and relu:
         for r in range(r0, r1):
             for c in range(C):
-                g = g2[r, c] if y2[r, c] > 0 else zero
-                o2[r, c] = k1[c] * g + k2[c] * (x2[r, c] - center[c]) + k3[c]
+                d = x2[r, c] - center[c]
+                g = g2[r, c] if fk2[c] * d + fk3[c] > zero else zero
+                o2[r, c] = k1[c] * g + k2[c] * d + k3[c]
     elif with_dy:
         for r in range(r0, r1):
             for c in range(C):

@@ -422,7 +422,7 @@ class CPUBackend(Backend):
         s2 = np.empty((nt, c))
         # shifted sums: stable one-pass variance; synchronized, about the centre every replica shares
         shift = xf[:c].astype(np.float64) if sync is None else np.asarray(center, np.float64).reshape(-1)
-        POOL.run(kp.bn_sums, nt, xf, xf, shift, s1, s2, m, c, False, xf, False)
+        POOL.run(kp.bn_sums, nt, xf, xf, shift, s1, s2, m, c, False, xf, xf, False)
         t1, t2 = s1.sum(axis=0), s2.sum(axis=0)
         if sync is not None:
             t1, t2, m = sync.forward_moments(np, t1, t2, m, shift, shift)
@@ -432,9 +432,10 @@ class CPUBackend(Backend):
         invstd = 1.0 / np.sqrt(var + eps)
         g = np.asarray(gamma, np.float64).reshape(-1)
         y = np.empty_like(x)
-        POOL.run(kp.bn_affine, nt, xf, xf, self._vec(mean), self._vec(mean), self._vec(g * invstd),
-                 self._vec(beta), y.reshape(-1), x.size // c, c, False, xf, relu)
-        ctx = (x, mean, invstd, g, m)
+        fk2, fk3 = self._vec(g * invstd), self._vec(beta)
+        POOL.run(kp.bn_affine, nt, xf, xf, self._vec(mean), self._vec(mean), fk2, fk3, y.reshape(-1),
+                 x.size // c, c, False, fk2, fk3, relu)
+        ctx = (x, mean, invstd, g, m, (fk2, fk3) if relu else None)     # the fused ReLU's mask, from x
         return y, mean.astype(self.dtype), var.astype(self.dtype), ctx
 
     def batchnorm_forward_infer(self, x, gamma, beta, mean, var, eps: float, relu=False):
@@ -445,15 +446,19 @@ class CPUBackend(Backend):
         xf = x.reshape(-1)
         mu = self._vec(mean)
         POOL.run(kp.bn_affine, self._nt(x.size), xf, xf, mu, mu, self._vec(scale), self._vec(beta),
-                 y.reshape(-1), m, c, False, xf, relu)
+                 y.reshape(-1), m, c, False, mu, mu, relu)
         return y
 
     def batchnorm_backward(self, dy, ctx, sync=None, relu_y=None):
-        """With `relu_y` (the fused ReLU's output), dy is the gradient after that ReLU."""
-        x, mean, invstd, g, count = ctx
+        """With `relu_y` (the fused ReLU's output), dy is the gradient after that ReLU. Its mask is recomputed
+        from x with the forward's float32 coefficients when the forward ran fused (one array less to read)."""
+        x, mean, invstd, g, count, fused = ctx
         dy = self._c(dy)
         relu = relu_y is not None
-        yf = self._c(relu_y).reshape(-1) if relu else dy.reshape(-1)
+        if relu and fused is None:          # forward ran unfused: the ReLU's backward first
+            dy, relu = self.relu_backward(dy, relu_y), False
+        mu = self._vec(mean)
+        fk2, fk3 = fused if relu else (mu, mu)
         if dy.shape != x.shape:
             raise ShapeError(f"batchnorm_backward: dy has shape {dy.shape}, expected {x.shape}")
         c = x.shape[-1]
@@ -462,7 +467,7 @@ class CPUBackend(Backend):
         s1 = np.empty((nt, c))
         s2 = np.empty((nt, c))
         xf, dyf = x.reshape(-1), dy.reshape(-1)
-        POOL.run(kp.bn_sums, nt, xf, dyf, mean, s1, s2, m, c, True, yf, relu)
+        POOL.run(kp.bn_sums, nt, xf, dyf, mu, s1, s2, m, c, True, fk2, fk3, relu)
         sdy, sdyx = s1.sum(axis=0), s2.sum(axis=0)
         dgamma, dbeta = (sdyx * invstd).astype(self.dtype), sdy.astype(self.dtype)   # this replica's share
         if sync is not None:
@@ -472,6 +477,6 @@ class CPUBackend(Backend):
         k2 = -g * invstd ** 3 * sdyx / count
         k3 = -k1 * sdy / count
         dx = np.empty_like(x)
-        POOL.run(kp.bn_affine, nt, xf, dyf, self._vec(mean), self._vec(k1), self._vec(k2), self._vec(k3),
-                 dx.reshape(-1), m, c, True, yf, relu)
+        POOL.run(kp.bn_affine, nt, xf, dyf, mu, self._vec(k1), self._vec(k2), self._vec(k3),
+                 dx.reshape(-1), m, c, True, fk2, fk3, relu)
         return dx, dgamma, dbeta
