@@ -133,24 +133,6 @@ def _tile_of(tile, TH, TW):
 
 
 @njit(**_NJ)
-def _gather(xf, n, h0, w0, H, W, C, a, d):
-    """d (a, a, C) = x[n, h0:h0+a, w0:w0+a, :], zero outside the image."""
-    Cu = uint64(C)
-    for r in range(a):
-        h = h0 + r
-        for s in range(a):
-            w = w0 + s
-            du = uint64((r * a + s) * C)
-            if h < 0 or h >= H or w < 0 or w >= W:
-                for c in range(Cu):
-                    d[du + c] = 0
-            else:
-                su = uint64(((n * H + h) * W + w) * C)
-                for c in range(Cu):
-                    d[du + c] = xf[su + c]
-
-
-@njit(**_NJ)
 def _offsets(s0, ss):
     """s0 + i*ss for i < 6, each as uint64 (computed signed, converted whole: see _cpu_conv's note)."""
     return (uint64(s0), uint64(s0 + ss), uint64(s0 + 2 * ss), uint64(s0 + 3 * ss), uint64(s0 + 4 * ss),
@@ -261,27 +243,46 @@ def _transform2d(kind, m, src, s0, rs, cs, p, q, tmp, dst, d0, dstride, L):
 
 
 @njit(**_NJ)
-def _input_tiles(xf, t0, nb, tb, TH, TW, m, H, W, C, ph, pw, d, tmp, V):
-    """V (a*a, tb, C) rows [0, nb) = B^T d B of tiles t0 .. t0 + nb - 1 (interior tiles read x in place)."""
+def _gather_run(xf, n, h0, w0, R, m, H, W, C, D):
+    """D (a, a, R, C)[r, s, q] = x[n, h0 + r, w0 + q*m + s, :] for R consecutive tiles, zero outside."""
     a = m + 2
-    n = t0 // (TH * TW)
-    ti = (t0 - n * TH * TW) // TW
-    tj = t0 - n * TH * TW - ti * TW
-    for tt in range(nb):
-        h0 = ti * m - ph
-        w0 = tj * m - pw
-        if h0 >= 0 and w0 >= 0 and h0 + a <= H and w0 + a <= W:
-            _transform2d(0, m, xf, ((n * H + h0) * W + w0) * C, W * C, C, a, a, tmp, V, tt * C, tb * C, C)
-        else:
-            _gather(xf, n, h0, w0, H, W, C, a, d)
-            _transform2d(0, m, d, 0, a * C, C, a, a, tmp, V, tt * C, tb * C, C)
-        tj += 1
-        if tj == TW:
-            tj = 0
-            ti += 1
-            if ti == TH:
-                ti = 0
-                n += 1
+    Cu = uint64(C)
+    for r in range(a):
+        h = h0 + r
+        for s in range(a):
+            base = (r * a + s) * R * C
+            for q in range(R):
+                w = w0 + q * m + s
+                du = uint64(base + q * C)
+                if h < 0 or h >= H or w < 0 or w >= W:
+                    for c in range(Cu):
+                        D[du + c] = 0
+                else:
+                    su = uint64(((n * H + h) * W + w) * C)
+                    for c in range(Cu):
+                        D[du + c] = xf[su + c]
+
+
+@njit(**_NJ)
+def _input_tiles(xf, t0, nb, tb, TH, TW, m, H, W, C, ph, pw, D, E, V):
+    """V (a*a, tb, C) rows [0, nb) = B^T d B of tiles t0 .. t0 + nb - 1. Tiles are taken in runs along a
+    row of tiles and laid out (r, s, tile, C), so both passes loop over tiles x channels at once (long,
+    vectorized loops even with 16 channels) instead of one tile's channels."""
+    a = m + 2
+    tt = 0
+    while tt < nb:
+        tile = t0 + tt
+        n = tile // (TH * TW)
+        ti = (tile - n * TH * TW) // TW
+        tj = tile - n * TH * TW - ti * TW
+        R = min(nb - tt, TW - tj)               # the run: to the end of this row of tiles or of the chunk
+        L = R * C
+        _gather_run(xf, n, ti * m - ph, tj * m - pw, R, m, H, W, C, D)
+        for r in range(a):                      # along s: E[r, j] = B^T D[r, :]
+            _bt(m, D, r * a * L, L, E, r * a * L, L, L)
+        for j in range(a):                      # along r: V[i*a + j, tt:tt+R] = B^T E[:, j]
+            _bt(m, E, j * L, a * L, V, j * tb * C + tt * C, a * tb * C, L)
+        tt += R
 
 
 @njit(**_NJ)
@@ -297,15 +298,16 @@ def fwd(t, nt, fp, xf, U, bias, yf, N, H, W, C, K, Ho, Wo, ph, pw, m, tb):
     per = (nch + nt - 1) // nt
     has_bias = bias.size > 0
     Ku = uint64(K)
-    d = np.empty(a * a * max(C, K), xf.dtype)
-    tmp = np.empty(a * a * max(C, K), xf.dtype)
+    tmp = np.empty(a * a * K, xf.dtype)
+    Xg = np.empty(a * a * min(tb, TW) * C, xf.dtype)     # a run of input tiles, gathered and half-transformed
+    Xt = np.empty(a * a * min(tb, TW) * C, xf.dtype)
     yt = np.empty(m * m * K, xf.dtype)
     V = np.empty(a * a * tb * C, xf.dtype)
     M = np.empty(a * a * tb * K, xf.dtype)
     for ch in range(t * per, min(nch, (t + 1) * per)):
         t0 = ch * tb
         nb = min(T, t0 + tb) - t0
-        _input_tiles(xf, t0, nb, tb, TH, TW, m, H, W, C, ph, pw, d, tmp, V)
+        _input_tiles(xf, t0, nb, tb, TH, TW, m, H, W, C, ph, pw, Xg, Xt, V)
         for e in range(a * a):
             gemm(fp, NO_TRANS, NO_TRANS, nb, K, C, one, addr(V, e * tb * C), C, addr(U, e * C * K), K,
                  zero, addr(M, e * tb * K), K)
@@ -341,8 +343,9 @@ def bwd_w(t, nt, fp, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, ph, pw, m, tb, 
     nch = (T + tb - 1) // tb
     per = (nch + nt - 1) // nt
     Ku = uint64(K)
-    d = np.empty(a * a * max(C, K), xf.dtype)
-    tmp = np.empty(a * a * max(C, K), xf.dtype)
+    tmp = np.empty(a * a * K, xf.dtype)
+    Xg = np.empty(a * a * min(tb, TW) * C, xf.dtype)     # a run of input tiles, gathered and half-transformed
+    Xt = np.empty(a * a * min(tb, TW) * C, xf.dtype)
     g = np.empty(m * m * K, xf.dtype)
     V = np.empty(a * a * tb * C, xf.dtype)
     D = np.empty(a * a * tb * K, xf.dtype)
@@ -350,7 +353,7 @@ def bwd_w(t, nt, fp, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, ph, pw, m, tb, 
     for ch in range(t * per, min(nch, (t + 1) * per)):
         t0 = ch * tb
         nb = min(T, t0 + tb) - t0
-        _input_tiles(xf, t0, nb, tb, TH, TW, m, H, W, C, ph, pw, d, tmp, V)
+        _input_tiles(xf, t0, nb, tb, TH, TW, m, H, W, C, ph, pw, Xg, Xt, V)
         for tt in range(nb):
             n, ti, tj = _tile_of(t0 + tt, TH, TW)
             for i in range(m):                  # the m x m x K tile of dy, zero beyond the output's edge
