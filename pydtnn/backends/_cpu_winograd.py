@@ -72,9 +72,11 @@ def applies(spec) -> bool:
 def pays(spec, h: int, w: int, weights: bool = False) -> bool:
     """The "auto" rule, measured on this project's machines (docs/performance.md): forward and backward
     data win once both channel counts reach 32 (with fewer, the per-tile transforms cost more than the
-    GEMMs save); backward weights, whose GEMMs reduce over the long tile axis, from 16."""
-    least = 16 if weights else 32
-    return spec.in_channels >= least and spec.out_channels >= least
+    GEMMs save); backward weights, whose GEMMs reduce over the long tile axis, also at 16 channels when
+    the filters are no more than the input channels (16 -> 16 won, 16 -> 32 lost)."""
+    c, k = spec.in_channels, spec.out_channels
+    least = 16 if weights and k <= c else 32
+    return c >= least and k >= least
 
 
 def chunk_tiles(c: int, k: int, m: int = TILE) -> int:
