@@ -230,9 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--enable_gpudirect", type=B, default=False, help="accepted for compatibility")
     g.add_argument("--enable_cudnn_auto_conv_alg", type=B, default=True, help="GPU: pick conv algorithms by measurement")
     g.add_argument("--conv_algorithm", default="auto", choices=["auto", "direct", "winograd"],
-                   help="CPU convolutions: auto (Winograd F(4x4,3x3) on 3x3 stride-1 layers where it measured "
-                        "faster: >= 32 input and output channels, >= 16 for the weight gradient of 16 -> 16), direct, or "
-                        "winograd (every 3x3 stride-1 layer)")
+                   help="CPU convolutions: auto (Winograd F(4x4,3x3) on 3x3 stride-1 layers with >= 32 input and "
+                        "output channels, where it measured faster), direct, or winograd (every 3x3 stride-1 layer)")
     g.add_argument("--enable_conv_winograd", type=B, default=False, help="CPU: same as --conv_algorithm winograd")
     g.add_argument("--enable_conv_gemm", type=B, default=False,
                    help="accepted for compatibility, no effect: direct CPU convolutions already are BLAS GEMMs")

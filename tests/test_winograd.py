@@ -122,9 +122,7 @@ def test_auto_rule_and_fallbacks():
     assert auto.conv_algorithm == "auto"
     wide, narrow = ConvSpec(32, 32, (3, 3), padding=(1, 1)), ConvSpec(16, 32, (3, 3), padding=(1, 1))
     assert auto._winograd(wide, 16, 16) and not auto._winograd(narrow, 16, 16)
-    assert not auto._winograd(narrow, 16, 16, weights=True)       # 16 -> 32: backward weights stays direct
-    assert auto._winograd(ConvSpec(16, 16, (3, 3), padding=(1, 1)), 16, 16, weights=True)   # 16 -> 16 pays
-    assert not auto._winograd(ConvSpec(3, 16, (3, 3), padding=(1, 1)), 16, 16, weights=True)
+    assert not auto._winograd(ConvSpec(16, 16, (3, 3), padding=(1, 1)), 32, 32)
     assert forced._winograd(narrow, 16, 16) and not direct._winograd(wide, 16, 16)
     for other in (ConvSpec(32, 32, (3, 3), (2, 2), (1, 1)), ConvSpec(32, 32, (5, 5)),
                   ConvSpec(32, 32, (3, 3), dilation=(2, 2)), ConvSpec(32, 32, (3, 3), groups=32),

@@ -34,6 +34,9 @@ from pydtnn.errors import ConfigError, ShapeError
 # at most this many packed elements per block.
 _TARGET_ROWS = 512
 _BUF_ELEMS = 1 << 21
+# Backward weights takes half: its GEMMs reduce over the block's rows and accumulate into the thread's
+# dW, and 16 -> 16 channels on 32x32 images ran 1.25x faster with 256 (other ResNet-20 shapes: +-5%).
+_TARGET_ROWS_BWD_W = 256
 
 # The im2col variant ("fold": all kernel taps in one GEMM per block, blocks spanning images) packs kh times
 # more than row-tap. Row-tap won on every ResNet-20 and MNIST shape, even with 1 or 3 input channels, but
@@ -69,7 +72,7 @@ class CPUBackend(Backend):
 
     `conv_algorithm`: "direct" (the row-tap kernels of `_cpu_conv`), "winograd" (F(4x4, 3x3) for every
     3x3 stride-1 undilated dense convolution, direct for the others) or "auto" (Winograd where it
-    measured faster, per pass: see `_cpu_winograd.pays`)."""
+    measured faster: see `_cpu_winograd.pays`)."""
     name = "cpu"
     layout = "NHWC"
 
@@ -120,7 +123,7 @@ class CPUBackend(Backend):
         return max(1, min(int(n), 4 * _CPUS))
 
     # --- convolution --------------------------------------------------------------------------------
-    def _conv_plan(self, spec: ConvSpec, n, h, w, c, k, ho, wo):
+    def _conv_plan(self, spec: ConvSpec, n, h, w, c, k, ho, wo, target_rows=_TARGET_ROWS):
         """(rb, fold, direct, bufsize, nt) of the fused kernel for this geometry."""
         (kh, kw), (sh, sw), (ph, pw), (dh, _) = spec.kernel, spec.stride, spec.padding, spec.dilation
         direct = kh == 1 and kw == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
@@ -129,7 +132,7 @@ class CPUBackend(Backend):
         rows = n * ho if fold else ho          # fold blocks run over (image, row); row-tap blocks within an image
         L = kw * c
         per_row = wo * (kh * L if fold else min(sh, (kh - 1) * dh + 1) * L)   # packed elements per output row
-        rb = max(1, min(rows, -(-_TARGET_ROWS // wo), _BUF_ELEMS // per_row))
+        rb = max(1, min(rows, -(-target_rows // wo), _BUF_ELEMS // per_row))
         # keep enough items to feed every thread
         while rb > 1 and (1 if fold else n) * (-(-rows // rb)) < 2 * nt:
             rb = -(-rb // 2)
@@ -193,11 +196,11 @@ class CPUBackend(Backend):
         return planes.applies(spec) and not (self.conv_algorithm == "winograd" and wino.applies(spec))
 
     # --- Winograd (3x3, stride 1) ------------------------------------------------------------------
-    def _winograd(self, spec: ConvSpec, h, w, weights=False) -> bool:
-        """Whether this convolution (its backward weights when `weights`) runs as Winograd F(4x4, 3x3)."""
+    def _winograd(self, spec: ConvSpec, h, w) -> bool:
+        """Whether this convolution runs as Winograd F(4x4, 3x3)."""
         if self.conv_algorithm == "direct" or not self.use_blas_kernels or not wino.applies(spec):
             return False
-        return self.conv_algorithm == "winograd" or wino.pays(spec, h, w, weights)
+        return self.conv_algorithm == "winograd" or wino.pays(spec, h, w)
 
     def _wino_fwd(self, x, u, bias, y, padding):
         n, h, wd, c = x.shape
@@ -294,7 +297,7 @@ class CPUBackend(Backend):
             dwu = np.tensordot(dy, self._windows(x, spec, ho, wo), axes=([0, 1, 2], [0, 1, 2]))
             db = dy.reshape(-1, k).sum(axis=0) if with_bias else None
             return np.ascontiguousarray(dwu, dtype=self.dtype), db
-        if self._winograd(spec, h, wd, weights=True):
+        if self._winograd(spec, h, wd):
             return self._wino_bwd_w(x, dy, spec, with_bias)
         if self._planes(spec):
             nt = self._nt(dy.size)
@@ -304,7 +307,7 @@ class CPUBackend(Backend):
                      kh, kw, ph, pw, dh, dw, with_bias)
             db = dbacc.sum(axis=0).astype(self.dtype) if with_bias else None
             return acc.sum(axis=0).astype(self.dtype), db
-        rb, fold, direct, bufsize, nt = self._conv_plan(spec, n, h, wd, c, k, ho, wo)
+        rb, fold, direct, bufsize, nt = self._conv_plan(spec, n, h, wd, c, k, ho, wo, _TARGET_ROWS_BWD_W)
         acc = np.zeros((nt, kh * kw * c * k), self.dtype)
         dbacc = np.zeros((nt, k), self.dtype)
         with blas.blas_single_thread():
