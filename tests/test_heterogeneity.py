@@ -125,13 +125,19 @@ def test_memory_caps_bound_the_static_and_dynamic_splits(tmp_path):
                    "--global_batch_size", 60, "--synthetic_samples", 120, "--num_epochs", 1])
     assert printed_split(r.stdout) == [20, 40]
     history = tmp_path / "h.json"
-    # rank 0 is twice as fast and would take 2/3 of B = 120 (80), but holds at most 70
-    launch(2, ["--balance", "dynamic", "--rebalance_interval", 4, "--emulate_speeds", "1,0.5",
-               "--max_local_batch", "70", "--global_batch_size", 120, "--synthetic_samples", 1200,
-               "--steps_per_epoch", 8, "--num_epochs", 3, "--learning_rate", 0.01, "--history_file", history])
-    rows = json.loads(history.read_text())
-    assert all(h["rank0_b"] <= 70 and h["rank1_b"] <= 70 and h["rank0_b"] + h["rank1_b"] == 120 for h in rows)
-    assert rows[-1]["rank0_b"] == 70, [(h["rank0_b"], h["rank1_b"]) for h in rows]
+
+    def check():
+        # rank 0 is twice as fast and would take 2/3 of B = 120 (80), but holds at most 70
+        launch(2, ["--balance", "dynamic", "--rebalance_interval", 4, "--emulate_speeds", "1,0.5",
+                   "--max_local_batch", "70", "--global_batch_size", 120, "--synthetic_samples", 1200,
+                   "--steps_per_epoch", 8, "--num_epochs", 3, "--learning_rate", 0.01, "--history_file", history])
+        rows = json.loads(history.read_text())
+        splits = [(h["rank0_b"], h["rank1_b"]) for h in rows]
+        assert all(a <= 70 and b <= 70 and a + b == 120 for a, b in splits), splits    # never over a cap
+        assert splits[-1] == (70, 50), splits          # the measured speeds push rank 0 to its cap (timing)
+        return splits
+
+    print("dynamic splits under a cap of 70:", twice(check))
 
 
 def test_equal_split_makes_the_fast_replica_wait(tmp_path):
