@@ -217,8 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="BatchNormalization in training uses the global batch's statistics, summed over the "
                         "replicas with their own b_i (exact for unequal splits; two small allreduces per layer)")
     g.add_argument("--emulate_speeds", type=float_list, default=None,
-                   help="f1,f2,...: replica i behaves as if its compute ran at f_i/max(f) of its speed (it "
-                        "sleeps for the missing time after each step's compute); for experiments on one machine")
+                   help="f1,f2,...: replica i behaves as if its compute ran at f_i/max(f) of its speed (its "
+                        "compute of b samples is padded to b·t0/f_i, t0 its own time per sample calibrated before "
+                        "the first step); for experiments on one machine")
     g.add_argument("--threads_per_replica", type=positive_int, default=None,
                    help="BLAS and kernel threads of each replica (default: OMP_NUM_THREADS if set, else the "
                         "node's cores divided by the ranks on the node)")

@@ -2,7 +2,7 @@
 """Heterogeneous data parallelism on one machine: the comparisons of Moreno-Alvarez et al., and BatchNorm.
 
     python scripts/heterogeneity_experiment.py                 # speeds 1,0.5 on 2 ranks, real MNIST
-    python scripts/heterogeneity_experiment.py --quick         # a smoke run of every part (about a minute)
+    python scripts/heterogeneity_experiment.py --quick         # a smoke run of every part (under a minute)
     python scripts/heterogeneity_experiment.py --parts c       # only the BatchNorm comparison
     python scripts/heterogeneity_experiment.py --speeds 1,0.5,0.25 --epochs 10
 
