@@ -143,10 +143,14 @@ def validate_meta(meta, path) -> None:
     bal = get("balancer")
     if bal is not None:
         _check(isinstance(bal, dict), path, "balancer", "null or an object", bal)
-        for key in ("sizes", "ema", "window_sum"):
+        for key in ("sizes", "ema") + (("window_sum",) if "window" not in bal else ()):
             v = bal.get(key)
             _check(isinstance(v, list) and all(_is_num(x) for x in v), path, f"balancer.{key}", "a list of numbers", v)
-        for key in ("window_n", "n_observed", "n_rebalances"):
+        if "window" in bal:          # the current window's observations: one row of n numbers per step
+            v = bal["window"]
+            _check(isinstance(v, list) and all(isinstance(row, list) and len(row) == n and all(_is_num(x) for x in row)
+                                               for row in v), path, "balancer.window", f"a list of rows of {n} numbers", v)
+        for key in ("n_observed", "n_rebalances") + (("window_n",) if "window" not in bal else ()):
             _check(_is_int(bal.get(key)), path, f"balancer.{key}", "an integer >= 0", bal.get(key))
     if meta["step"] > 0:                              # written inside an epoch: the partial epoch's sums
         part = get("partial_epoch")

@@ -4,6 +4,8 @@ Hyper-parameter names follow upstream PyDTNN: learning_rate, momentum, nesterov,
 added to the gradient; for adamw the decoupled decay of Loshchilov & Hutter), rho, beta1, beta2, epsilon. `learning_rate` may be changed between steps (LR
 schedulers do). State (velocities, moments, step count) is exposed for checkpoints.
 """
+import numpy as np
+
 from pydtnn.backends import array_module
 from pydtnn.errors import ConfigError
 
@@ -17,6 +19,13 @@ def _check_unit(name, what, value):
 def _check_epsilon(name, value):
     if not value > 0:
         raise ConfigError(f"{name}: epsilon must be > 0, got {value} (--epsilon)")
+
+
+def _fusable(*arrays) -> bool:
+    """Flat C-contiguous NumPy arrays of one dtype: the CPU backend's fused updates apply."""
+    a0 = arrays[0]
+    return all(isinstance(a, np.ndarray) and a.ndim == 1 and a.flags.c_contiguous and a.dtype == a0.dtype
+               for a in arrays)
 
 
 class Optimizer:
@@ -74,6 +83,10 @@ class SGD(Optimizer):
             params -= lr * g
             return
         v = self.state["velocity"]
+        if _fusable(params, v, g):
+            from pydtnn.backends._cpu_optim import sgd_momentum
+            sgd_momentum(params, v, g, params.dtype.type(lr), params.dtype.type(mu), self.nesterov)
+            return
         v *= mu
         v -= lr * g
         if self.nesterov:

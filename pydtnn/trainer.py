@@ -41,6 +41,7 @@ from pydtnn.parallel import balance
 from pydtnn.parallel.comm import BucketedReducer, SerialComm, raise_together
 from pydtnn.parallel.emulation import SpeedEmulator
 from pydtnn.parallel.sync_batchnorm import BatchNormSync
+from pydtnn.prefetch import BatchPrefetcher
 from pydtnn.progress import progress
 from pydtnn.trace import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
 
@@ -61,7 +62,7 @@ class Trainer:
     def __init__(self, model, dataset, optimizer, *, loss="categorical_cross_entropy",
                  metrics=("categorical_accuracy",), comm=None, global_batch=64, sizes=None,
                  gradient_weighting="proportional", balance_mode="none", rebalance_interval=20,
-                 emulate_speed=1.0, non_blocking=False, steps_per_epoch=0, seed=0, schedulers=(),
+                 emulate_speed=1.0, emulate_spin=False, non_blocking=False, steps_per_epoch=0, seed=0, schedulers=(),
                  history_file=None, progress=True, eval_batch_size=None, tracer_output=None, log=None,
                  flags=None, checkpoint_dir="checkpoints", save_steps=0, save_minutes=0.0, handle_signals=False,
                  clip_grad_norm=0.0, sync_batchnorm=False, max_local_batch=None, clock=time.monotonic):
@@ -87,7 +88,7 @@ class Trainer:
         if balance_mode == "dynamic":
             self.balancer = balance.DynamicBalancer(self.global_batch, self.nreplicas, interval=rebalance_interval,
                                                     initial_sizes=self.sizes, caps=self.caps)
-        self.emulator = SpeedEmulator(emulate_speed)
+        self.emulator = SpeedEmulator(emulate_speed, spin=emulate_spin)
         self.steps_per_epoch_arg = int(steps_per_epoch)
         self.steps_per_epoch = balance.steps_in_epoch(len(dataset.train), self.global_batch, self.steps_per_epoch_arg)
         if int(seed) < 0:
@@ -121,6 +122,7 @@ class Trainer:
         self.restored_split = False    # the split came from a checkpoint (no probe needed)
         self.finished = False
         self.stats = ReplicaStats()
+        self.prefetcher = BatchPrefetcher(self._take)
         self.timeline = Timeline(self.rank, enabled=bool(tracer_output))
         self.tracer_output = tracer_output
         self.timer = StepTimer(self.stats, self.timeline if tracer_output else None)
@@ -187,12 +189,18 @@ class Trainer:
         self.emulator.pad(start, len(x))
         return value, y_pred
 
-    def train_step(self, indices, epoch, step_sizes):
-        b_i = len(indices)
+    def _take(self, indices, epoch):
         x, labels = self.dataset.train.take(indices, epoch=epoch)
-        y = self.model.backend.asarray(one_hot(labels, self.nclasses, self.model.dtype))   # one copy to the device
+        return x, one_hot(labels, self.nclasses, self.model.dtype)
+
+    def train_step(self, indices, epoch, step_sizes, next_indices=None):
+        b_i = len(indices)
+        x, y_host = self.prefetcher.get(indices, epoch, next_indices)
+        y = self.model.backend.asarray(y_host)          # one copy to the device
         step_total = sum(step_sizes)
         weight = b_i / step_total if self.gradient_weighting == "proportional" else 1.0 / self.nreplicas
+        if self.emulator.active and not self.emulator.calibrated:
+            self._calibrate_emulation(x, y, weight)      # not this step's compute
         self.timer.start_step(b_i)
         with self.timer.compute():
             value, y_pred = self._local_gradients(x, y, weight)
@@ -231,7 +239,7 @@ class Trainer:
         self.finished = False
         if self.tracer_output:
             self.timeline.start(self.comm)
-        with self._signal_handlers():
+        with self._signal_handlers(), contextlib.closing(self.prefetcher):
             for epoch in range(self.start_epoch, num_epochs):
                 first_step, self.start_step = self.start_step, 0
                 logs = self.train_epoch(epoch, num_epochs, first_step)
@@ -322,7 +330,9 @@ class Trainer:
                 s.on_batch_begin(self, global_step)
             sizes = balance.step_sizes(step, self.global_batch, self.sizes, n, self.steps_per_epoch_arg)
             idx = balance.shard(order, step, self.global_batch, self.sizes, self.rank, n, self.steps_per_epoch_arg)
-            means, times = self.train_step(idx, epoch, sizes)
+            nxt = (balance.shard(order, step + 1, self.global_batch, self.sizes, self.rank, n,
+                                 self.steps_per_epoch_arg) if step + 1 < self.steps_per_epoch else None)
+            means, times = self.train_step(idx, epoch, sizes, nxt)
             if not math.isfinite(means[0]):
                 if bar is not None:
                     bar.close()

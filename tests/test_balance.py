@@ -354,11 +354,24 @@ def test_dynamic_balancer_interval_and_bad_observations():
     assert bal.observe([0.0, 1.0]) is False
     assert bal.observe([1.0, 0.25]) is True
     assert bal.maybe_rebalance(0) is None and bal.maybe_rebalance(1) is None and bal.speeds is None
-    assert bal.observe([1.0, 0.25 / 3]) is True               # window mean of the times: [1, 1/6]
+    assert bal.observe([1.0, 0.25 / 3]) is True               # window median of the times: [1, 1/6]
     assert bal.maybe_rebalance(2) == [1, 9]
     assert np.allclose(bal.speeds, [1.0, 6.0])
     with pytest.raises(ValueError):
         bal.observe([1.0, 2.0, 3.0])
+
+
+def test_dynamic_balancer_window_resists_a_compiling_first_step():
+    bal = DynamicBalancer(300, 2, interval=5, smoothing=1.0, hysteresis=0.0)
+    bal.observe([0.5, 0.002])                   # step 0: replica 0 compiled its kernels (250x its usual time)
+    for _ in range(4):
+        bal.observe([0.002, 0.004])             # replica 0 twice as fast
+    assert bal.maybe_rebalance(4) == [200, 100]
+    # and a checkpoint of an older version (window sum and count) still loads
+    old = {k: v for k, v in bal.state_dict().items() if k != "window"}
+    old.update(window_sum=np.array([0.004, 0.008]), window_n=2)
+    bal.load_state_dict(old)
+    assert bal.maybe_rebalance(9) is None and np.allclose(bal.speeds, [500, 250])
 
 
 @pytest.mark.parametrize("kw,match", [

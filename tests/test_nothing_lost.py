@@ -361,6 +361,8 @@ BAD_META = {
     "history not rows": (lambda m: m.update(history=[1, 2]), "'history'"),
     "schedulers not pairs": (lambda m: m.update(schedulers={"a": 1}), "'schedulers'"),
     "balancer garbage": (lambda m: m.update(balancer={"sizes": "x"}), "'balancer.sizes'"),
+    "balancer window rows": (lambda m: m.update(balancer={"sizes": [32], "ema": [], "window": [[1.0, 2.0]],
+                                                          "n_observed": 1, "n_rebalances": 0}), "'balancer.window'"),
     "zero learning rate": (lambda m: m["optimizer"].update(learning_rate=0), "'optimizer.learning_rate'"),
     "mid-epoch without sums": (lambda m: m.update(step=2), "'partial_epoch'"),
 }

@@ -265,11 +265,12 @@ class DynamicBalancer:
     same decision without further communication.
 
     - ``observe(t)``: ``t`` holds P compute seconds per sample (replica i's forward+backward time of the
-      last step divided by its b_i). Observations are averaged over the current window of ``interval``
-      steps. An observation with a non-finite or non-positive entry is ignored (returns False).
+      last step divided by its b_i). The current window of ``interval`` steps is summarized by each
+      replica's median (a first step that compiles kernels, or a pause, would drag a mean for several
+      windows). An observation with a non-finite or non-positive entry is ignored (returns False).
     - ``maybe_rebalance(step)``: ``step`` is the 0-based index of the global step that has just been
       observed. Every ``interval`` steps (when ``(step + 1) % interval == 0``) the window's speeds
-      v = 1 / mean(t) update an exponential moving average,
+      v = 1 / median(t) update an exponential moving average,
       ``ema = smoothing * v + (1 - smoothing) * ema`` (the first window sets it; ``smoothing=1`` keeps
       only the last window). The candidate split ``partition(B, ema, caps)`` is then adopted, and returned,
       only if its predicted step time (max_i b_i / v_i) beats the current split's by more than the
@@ -305,8 +306,7 @@ class DynamicBalancer:
             if len(self.sizes) != self.nreplicas:
                 raise ConfigError(f"{len(self.sizes)} initial local batch sizes for {self.nreplicas} replicas")
         self._ema: np.ndarray | None = None
-        self._win_sum = np.zeros(self.nreplicas)
-        self._win_n = 0
+        self._window: list[np.ndarray] = []
         self.n_observed = 0
         self.n_rebalances = 0
 
@@ -321,19 +321,17 @@ class DynamicBalancer:
             raise ValueError(f"expected {self.nreplicas} compute times, got {t.size}")
         if not np.all(np.isfinite(t)) or np.any(t <= 0):
             return False
-        self._win_sum += t
-        self._win_n += 1
+        self._window.append(t)
         self.n_observed += 1
         return True
 
     def maybe_rebalance(self, step: int) -> list[int] | None:
         if (int(step) + 1) % self.interval != 0:
             return None
-        if self._win_n:
-            v = self._win_n / self._win_sum
+        if self._window:
+            v = 1.0 / np.median(np.asarray(self._window), axis=0)
             self._ema = v if self._ema is None else self.smoothing * v + (1.0 - self.smoothing) * self._ema
-            self._win_sum = np.zeros(self.nreplicas)
-            self._win_n = 0
+            self._window = []
         if self._ema is None:
             return None
         speeds = self._ema.tolist()
@@ -352,15 +350,19 @@ class DynamicBalancer:
         """Plain numbers/arrays for a checkpoint (no pickle needed)."""
         return {"sizes": np.asarray(self.sizes, dtype=np.int64),
                 "ema": np.zeros(0) if self._ema is None else self._ema.copy(),
-                "window_sum": self._win_sum.copy(), "window_n": self._win_n,
+                "window": np.asarray(self._window, dtype=np.float64).reshape(-1, self.nreplicas),
                 "n_observed": self.n_observed, "n_rebalances": self.n_rebalances}
 
     def load_state_dict(self, state: dict) -> None:
         self.sizes = _sizes(np.asarray(state["sizes"]).tolist(), self.global_batch)
         ema = np.asarray(state["ema"], dtype=np.float64)
         self._ema = ema.copy() if ema.size else None
-        self._win_sum = np.asarray(state["window_sum"], dtype=np.float64).copy()
-        self._win_n = int(state["window_n"])
+        if "window" in state:
+            window = np.asarray(state["window"], dtype=np.float64).reshape(-1, self.nreplicas)
+        else:       # a checkpoint of a version that kept the window's sum: its mean, as often as it was seen
+            n = int(state["window_n"])
+            window = np.tile(np.asarray(state["window_sum"], dtype=np.float64) / max(n, 1), (n, 1))
+        self._window = [row.copy() for row in window]
         self.n_observed = int(state["n_observed"])
         self.n_rebalances = int(state["n_rebalances"])
 
