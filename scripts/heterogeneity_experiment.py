@@ -8,10 +8,10 @@
 
 Every run is the real launcher (scripts/pydtnn_benchmark.py) under ``mpiexec -n P python -m mpi4py``
 with ``--parallel data``. ``--emulate_speeds f_1,...`` is a deadline model (pydtnn/parallel/emulation.py):
-replica i's compute of b samples is padded to b * t0 / (f_i / max f), t0 its own time per sample measured in 5
-calibration passes before the first step; so with one BLAS thread per replica and no more replicas than
-cores, the replicas' speeds are in the ratio of the factors. The per-epoch JSON histories of the runs give
-every number reported.
+replica i's compute of b samples is padded to b * t0 / (f_i / max f), t0 its own time per sample, measured in 5
+calibration passes before its first step and then (when the cores hold every rank's threads, as here with one
+BLAS thread per replica) following the median of its last 16 steps' real compute; so the replicas' speeds are
+in the ratio of the factors. The per-epoch JSON histories of the runs give every number reported.
 
 (a) Load balancing (J. Supercomputing 2020): the equal split (``--balance none``), the split proportional to
     the speeds (``--balance static --replica_speeds <speeds>``) and the split re-measured during training
@@ -26,8 +26,8 @@ every number reported.
     its own b_i samples) against synchronized (``--sync_batchnorm true``: the global batch's statistics)
     BatchNorm, each with uniform and proportional weights: held-out accuracy and loss per epoch, and the
     time per epoch that synchronization costs. Without emulation by default (--bn_emulate): the split is
-    fixed by --replica_speeds, so losses and accuracies are the same with it, and its deadline would absorb
-    the synchronization's collectives into the slow replica's padding, hiding their cost.
+    fixed by --replica_speeds, so losses and accuracies are the same with it; but the compute it pads would
+    hold synchronized BatchNorm's collectives and the waits inside them, so it would not time a slow device.
 
 Writes ``results.md``, ``epoch_time.png``, ``weighting.png``, ``batchnorm.png`` (for the parts run), the
 histories and the runs' logs into --out.
@@ -521,12 +521,14 @@ def section_c(args, histories, out):
          f"each replica normalizes with its own b_i samples' statistics (running statistics averaged with weights "
          f"b_i/B after each epoch); **synced** (`--sync_batchnorm true`): the global batch's statistics, summed "
          f"over the replicas with their counts b_i. "
-         + ("Speeds emulated (`--emulate_speeds`): the deadline pads the slow replica's compute, which absorbs "
-            "part of synchronization's collectives." if args.bn_emulate else
-            "Without `--emulate_speeds` (the split is fixed by `--replica_speeds`, so losses and accuracies are "
-            "the same with it; its deadline would absorb synchronization's collectives into the slow replica's "
-            "padding and hide their cost): both replicas run at this machine's speed, and the epoch time is the "
-            "larger replica's compute plus the collectives.")
+         + ("Speeds emulated (`--emulate_speeds`): the compute that the deadline pads holds synchronized "
+            "BatchNorm's collectives and the waits inside them, so the times are not a slow device's."
+            if args.bn_emulate else
+            "Without `--emulate_speeds`: the split is fixed by `--replica_speeds`, so losses and accuracies are "
+            "the same with it, but the compute that it pads would hold synchronized BatchNorm's collectives and "
+            "the waits inside them. Both replicas run at this machine's speed, so an epoch takes the larger "
+            "replica's compute plus the collectives; `scripts/bench_sync_batchnorm.py` times synchronization "
+            "more carefully.")
          + " One run of each.", ""]
     order = [(bn, w) for bn in BN_MODES for w in WEIGHTINGS]
     acc_key = "val_categorical_accuracy" if has_val else "categorical_accuracy"
@@ -579,7 +581,7 @@ def parse_args(argv):
     ap.add_argument("--bn_epochs", type=int, default=None, help="(c): epochs per run (default 10; --quick: 2)")
     ap.add_argument("--bn_learning_rate", type=float, default=0.05, help="(c): the launcher's --learning_rate")
     ap.add_argument("--bn_emulate", action="store_true",
-                    help="(c): emulate --bn_speeds too (same losses; hides part of the cost of synchronization)")
+                    help="(c): emulate --bn_speeds too (same losses; the padded compute then holds sync BN's collectives)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="BLAS threads per replica")
     ap.add_argument("--out", default="out/heterogeneity", help="output folder (relative to the repository)")
@@ -666,10 +668,12 @@ def main(argv=None):
              f"ranks, model `{args.model}`, {args.epochs} epochs, SGD learning rate {args.learning_rate:g}."
              if {"a", "b"} & set(args.parts) else "")
           + (" **Quick smoke run** (10 steps per epoch): the numbers mean little." if args.quick else ""), ""]
-    L += ["Speed emulation (`--emulate_speeds`, a deadline model): replica i's compute of b samples is padded to "
-          "b t0 / f_i (f_i relative to the fastest), t0 its own time per sample measured in 5 calibration passes "
-          "before the first step. It models neither memory nor communication, and t0 is measured once: if the "
-          "machine gets busier later, the real replicas slow down and the emulated ones do not.", ""]
+    L += ["Speed emulation (`--emulate_speeds`, a deadline model, `pydtnn/parallel/emulation.py`): replica i's "
+          "compute of b samples is padded to b t0 / f_i (f_i relative to the fastest), t0 its own time per sample, "
+          "measured in 5 calibration passes before the first step and then following the median of its last 16 "
+          "steps' real compute where the cores hold every rank's threads (busy-waiting to the deadline). It models "
+          "compute only: memory, per-step costs that do not scale with b, and communication are this machine's.",
+          ""]
     L += machine_lines(args, loads, total_s, len(runs))
     L += [f"- note: {n}" for n in notes] + ([""] if notes else [])
     plots = []
