@@ -548,7 +548,11 @@ def section_c(args, histories, out):
     L += markdown_table(["run", "BatchNorm", "weights", f"final {where} acc", f"mean {where} acc, last {last} epochs",
                          f"best {where} acc", f"final {where} loss", "final training loss",
                          "time/epoch, median after epoch 1 (s)", "best epoch (s)"], rows)
-    L += [""]
+    means = [x["last_acc"] for x in summary.values()]
+    moves = [abs(b[acc_key] - a[acc_key]) for rows in bn_rows.values() for a, b in zip(rows[2:], rows[3:])]
+    L += ["", f"- the four runs' mean {where} accuracy over the last {last} epochs spans {max(means) - min(means):.4f}"
+              + (f"; within one run, consecutive epochs after the third differ by up to {max(moves):.4f} (median "
+                 f"{np.median(moves):.4f}): differences between runs of about that size are this noise" if moves else "")]
     for w in WEIGHTINGS:
         local, sync = (summary[(bn, w)] for bn in BN_MODES)
         L += [f"- time cost of synchronization, {w} weights: {sync['time_s'] - local['time_s']:+.3f} s per epoch "
