@@ -676,7 +676,7 @@ def main(argv=None):
           "compute of b samples is padded to b t0 / f_i (f_i relative to the fastest), t0 its own time per sample, "
           "measured in 5 calibration passes before the first step and then following the median of its last 16 "
           "steps' real compute where the cores hold every rank's threads (busy-waiting to the deadline). It models "
-          "compute only: memory, per-step costs that do not scale with b, and communication are this machine's.",
+          "compute only (all of it, its per-step part included): memory and communication are this machine's.",
           ""]
     L += machine_lines(args, loads, total_s, len(runs))
     L += [f"- note: {n}" for n in notes] + ([""] if notes else [])
