@@ -125,13 +125,19 @@ def test_memory_caps_bound_the_static_and_dynamic_splits(tmp_path):
                    "--global_batch_size", 60, "--synthetic_samples", 120, "--num_epochs", 1])
     assert printed_split(r.stdout) == [20, 40]
     history = tmp_path / "h.json"
-    # rank 0 is twice as fast and would take 2/3 of B = 120 (80), but holds at most 70
-    launch(2, ["--balance", "dynamic", "--rebalance_interval", 4, "--emulate_speeds", "1,0.5",
-               "--max_local_batch", "70", "--global_batch_size", 120, "--synthetic_samples", 1200,
-               "--steps_per_epoch", 8, "--num_epochs", 3, "--learning_rate", 0.01, "--history_file", history])
-    rows = json.loads(history.read_text())
-    assert all(h["rank0_b"] <= 70 and h["rank1_b"] <= 70 and h["rank0_b"] + h["rank1_b"] == 120 for h in rows)
-    assert rows[-1]["rank0_b"] == 70, [(h["rank0_b"], h["rank1_b"]) for h in rows]
+
+    def check():
+        # rank 0 is twice as fast and would take 2/3 of B = 120 (80), but holds at most 70
+        launch(2, ["--balance", "dynamic", "--rebalance_interval", 4, "--emulate_speeds", "1,0.5",
+                   "--max_local_batch", "70", "--global_batch_size", 120, "--synthetic_samples", 1200,
+                   "--steps_per_epoch", 8, "--num_epochs", 3, "--learning_rate", 0.01, "--history_file", history])
+        rows = json.loads(history.read_text())
+        splits = [(h["rank0_b"], h["rank1_b"]) for h in rows]
+        assert all(a <= 70 and b <= 70 and a + b == 120 for a, b in splits), splits    # never over a cap
+        assert splits[-1] == (70, 50), splits          # the measured speeds push rank 0 to its cap (timing)
+        return splits
+
+    print("dynamic splits under a cap of 70:", twice(check))
 
 
 def test_equal_split_makes_the_fast_replica_wait(tmp_path):
@@ -195,7 +201,9 @@ def _tracing(tmp_path):
         # within a step the reduction follows the compute
         for c, w in zip(sorted(compute, key=lambda e: e["ts"]), sorted(reduce_, key=lambda e: e["ts"])):
             assert w["ts"] >= c["ts"] + c["dur"] - 1.0          # microseconds; 1 us of rounding
-    # the slow replica (emulated half speed) spends longer in compute than the fast one per sample
-    per_sample = [sum(e["dur"] for e in spans if e["pid"] == pid and e["name"] == "compute") / b
+    # the slow replica (emulated half speed) spends longer in compute than the fast one per sample, after
+    # the first step (which compiles kernels on rank 0; rank 1 compiled them in its emulation's calibration)
+    per_sample = [sum(e["dur"] for e in sorted((e for e in spans if e["pid"] == pid and e["name"] == "compute"),
+                                               key=lambda e: e["ts"])[1:]) / b
                   for pid, b in ((0, 20), (1, 10))]
     assert per_sample[1] > 1.3 * per_sample[0], per_sample

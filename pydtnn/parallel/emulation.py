@@ -15,8 +15,10 @@ Why: a process computes slower just after a sleep. On a 2-vCPU VM the real compu
 went from 8 ms to 16 ms after each sleep (measured), so "sleep compute * (1/f - 1)" made 1 : 0.5 measure
 as 1 : 0.33-0.54, and so does a deadline that sleeps. Spinning keeps the core and its caches warm.
 
-What it does not model: memory (the emulated device holds what this one holds), a per-step cost that does
-not scale with b (the deadline is linear in b), and communication (reductions run at this machine's speed).
+In spin mode the whole of the step's real compute is stretched by 1/f, its part that does not scale with b
+included (the slower device is slower at everything); in sleep mode the deadline is linear in b from the
+calibration batch. What it does not model: memory (the emulated device holds what this one holds) and
+communication (reductions run at this machine's speed).
 """
 from __future__ import annotations
 
