@@ -135,7 +135,8 @@ def test_memory_caps_bound_the_static_and_dynamic_splits(tmp_path):
         rows = json.loads(history.read_text())
         splits = [(h["rank0_b"], h["rank1_b"]) for h in rows]
         assert all(a <= 70 and b <= 70 and a + b == 120 for a, b in splits), splits    # never over a cap
-        assert splits[-1] == (70, 50), splits          # the measured speeds push rank 0 to its cap (timing)
+        # the measured speeds push rank 0 up to (or, by the balancer's 5% hysteresis, next to) its cap
+        assert splits[-1][0] >= 66, splits
         return splits
 
     print("dynamic splits under a cap of 70:", twice(check))
