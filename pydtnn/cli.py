@@ -217,8 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="BatchNormalization in training uses the global batch's statistics, summed over the "
                         "replicas with their own b_i (exact for unequal splits; two small allreduces per layer)")
     g.add_argument("--emulate_speeds", type=float_list, default=None,
-                   help="f1,f2,...: replica i behaves as a device f_i/max(f) as fast as its own (each step's "
-                        "compute padded to b_i*t0/f_i, t0 its measured time per sample); for experiments on one machine")
+                   help="f1,f2,...: replica i behaves as a device f_i/max(f) as fast as the full-speed replicas (each step's "
+                        "compute padded to b_i*t0/f_i, t0 their measured time per sample); for experiments on one machine")
     g.add_argument("--threads_per_replica", type=positive_int, default=None,
                    help="BLAS and kernel threads of each replica (default: OMP_NUM_THREADS if set, else the "
                         "node's cores divided by the ranks on the node)")
@@ -364,11 +364,12 @@ def run(p):
         caps = balance.caps_for(p.max_local_batch, 1)
         sizes = balance.partition(B, [1.0], caps)
     _check_batch_fits(model, sizes, len(dataset.train), p)
-    emulate, emulate_spin = 1.0, False
+    emulate, emulate_spin, emulate_reference = 1.0, False, ()
     if p.emulate_speeds:
         if len(p.emulate_speeds) != P:
             raise ConfigError(f"--emulate_speeds has {len(p.emulate_speeds)} values for {P} replicas")
         emulate = p.emulate_speeds[rank] / max(p.emulate_speeds)
+        emulate_reference = [i for i, f in enumerate(p.emulate_speeds) if f == max(p.emulate_speeds)]
         # busy-wait where the node's cores hold every rank's threads (a sleep slows what follows it)
         from pydtnn.parallel.threads import node_core_sets
         node = node_core_sets(comm)
@@ -395,6 +396,7 @@ def run(p):
     trainer = Trainer(model, dataset, optimizer, loss=loss, metrics=metrics, comm=comm, global_batch=B,
                       sizes=sizes, gradient_weighting=p.gradient_weighting, balance_mode=p.balance,
                       rebalance_interval=p.rebalance_interval, emulate_speed=emulate, emulate_spin=emulate_spin,
+                      emulate_reference=emulate_reference,
                       non_blocking=p.non_blocking_mpi, steps_per_epoch=p.steps_per_epoch, seed=p.seed,
                       schedulers=schedulers, history_file=p.history_file, progress=p.progress_bar,
                       tracer_output=tracer_output, flags=vars(p), checkpoint_dir=p.checkpoint_dir,

@@ -65,7 +65,7 @@ class Trainer:
     def __init__(self, model, dataset, optimizer, *, loss="categorical_cross_entropy",
                  metrics=("categorical_accuracy",), comm=None, global_batch=64, sizes=None,
                  gradient_weighting="proportional", balance_mode="none", rebalance_interval=20,
-                 emulate_speed=1.0, emulate_spin=False, non_blocking=False, steps_per_epoch=0, seed=0, schedulers=(),
+                 emulate_speed=1.0, emulate_spin=False, emulate_reference=(), non_blocking=False, steps_per_epoch=0, seed=0, schedulers=(),
                  history_file=None, progress=True, eval_batch_size=None, tracer_output=None, log=None,
                  flags=None, checkpoint_dir="checkpoints", save_steps=0, save_minutes=0.0, handle_signals=False,
                  clip_grad_norm=0.0, sync_batchnorm=False, max_local_batch=None, clock=time.monotonic):
@@ -92,6 +92,7 @@ class Trainer:
             self.balancer = balance.DynamicBalancer(self.global_batch, self.nreplicas, interval=rebalance_interval,
                                                     initial_sizes=self.sizes, caps=self.caps)
         self.emulator = SpeedEmulator(emulate_speed, spin=emulate_spin)
+        self.emulate_reference = list(emulate_reference)      # ranks at full speed: the emulation follows them
         self.steps_per_epoch_arg = int(steps_per_epoch)
         self.steps_per_epoch = balance.steps_in_epoch(len(dataset.train), self.global_batch, self.steps_per_epoch_arg)
         if int(seed) < 0:
@@ -227,9 +228,12 @@ class Trainer:
         stats[-2] = 1.0 if self._signal is not None else 0.0
         stats[-1] = 1.0 if self.rank == 0 and self._checkpoint_due_by_time() else 0.0
         self.comm.allreduce_sum_(stats)
+        times = stats[len(local):len(local) + self.nreplicas]
+        if self.emulator.active and self.emulate_reference:
+            self.emulator.follow(float(np.mean(times[self.emulate_reference])))
         self.stop_requested = bool(stats[-2] > 0)
         self.save_requested = bool(stats[-1] > 0)
-        return stats[:len(local)], stats[len(local):len(local) + self.nreplicas]
+        return stats[:len(local)], times
 
     def _checkpoint_due_by_time(self):
         return self.save_minutes > 0 and self.clock() - self._last_save_t >= 60.0 * self.save_minutes

@@ -8,10 +8,10 @@
 
 Every run is the real launcher (scripts/pydtnn_benchmark.py) under ``mpiexec -n P python -m mpi4py``
 with ``--parallel data``. ``--emulate_speeds f_1,...`` is a deadline model (pydtnn/parallel/emulation.py):
-replica i's compute of b samples is padded to b * t0 / (f_i / max f), t0 its own time per sample, measured in 5
-calibration passes before its first step and then (when the cores hold every rank's threads, as here with one
-BLAS thread per replica) following the median of its last 16 steps' real compute; so the replicas' speeds are
-in the ratio of the factors. The per-epoch JSON histories of the runs give every number reported.
+replica i's compute of b samples is padded to b * t0 / (f_i / max f), t0 the time per sample of the full-speed
+replicas (the median of their last 16 steps; before the first step, its own from 5 calibration passes), busy-
+waiting when the cores hold every rank's threads (as here with one BLAS thread per replica); so the replicas'
+speeds are in the ratio of the factors. The per-epoch JSON histories of the runs give every number reported.
 
 (a) Load balancing (J. Supercomputing 2020): the equal split (``--balance none``), the split proportional to
     the speeds (``--balance static --replica_speeds <speeds>``) and the split re-measured during training
@@ -673,10 +673,10 @@ def main(argv=None):
              if {"a", "b"} & set(args.parts) else "")
           + (" **Quick smoke run** (10 steps per epoch): the numbers mean little." if args.quick else ""), ""]
     L += ["Speed emulation (`--emulate_speeds`, a deadline model, `pydtnn/parallel/emulation.py`): replica i's "
-          "compute of b samples is padded to b t0 / f_i (f_i relative to the fastest), t0 its own time per sample, "
-          "measured in 5 calibration passes before the first step and then following the median of its last 16 "
-          "steps' real compute where the cores hold every rank's threads (busy-waiting to the deadline). It models "
-          "compute only (all of it, its per-step part included): memory and communication are this machine's.",
+          "compute of b samples is padded to b t0 / f_i (f_i relative to the fastest), t0 the time per sample of "
+          "the full-speed replicas (the median of their last 16 steps; before the first step, its own from 5 "
+          "calibration passes), busy-waiting where the cores hold every rank's threads. It models compute only: "
+          "memory and communication are this machine's.",
           ""]
     L += machine_lines(args, loads, total_s, len(runs))
     L += [f"- note: {n}" for n in notes] + ([""] if notes else [])

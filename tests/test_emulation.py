@@ -45,15 +45,20 @@ def test_each_step_is_padded_to_its_deadline(spin):
         assert clock.slept == [pytest.approx(0.2 - 0.05 - emulation.SPIN_S, abs=3e-4)]
 
 
-def test_spin_mode_follows_the_real_compute_and_never_shortens_a_slow_step():
+def test_deadline_follows_the_reference_replicas_and_never_shortens_a_slow_step():
     clock = FakeClock()
     emu = SpeedEmulator(0.5, spin=True, clock=clock, sleep=clock.sleep)
-    emu.t0 = 0.001
-    for _ in range(5):                                 # the machine got slower: 2 ms per sample now
-        start = clock()
-        clock.now += 0.2
-        emu.pad(start, 100)
-    assert emu.t0 == pytest.approx(0.002, rel=1e-2)
+    emu.t0 = 0.001                                     # calibrated: 1 ms per sample
+    emu.follow(0.002)
+    emu.follow(0.002)
+    assert emu.t0 == 0.001                             # three steps of the reference before it counts
+    for t in (0.002, 0.002, 0.009):                    # the full-speed replicas now take 2 ms per sample
+        emu.follow(t)                                  # (one paused step: the median ignores it)
+    assert emu.t0 == pytest.approx(0.002)
+    start = clock()
+    clock.now += 0.05
+    emu.pad(start, 100)
+    assert clock.now == pytest.approx(start + 100 * 0.002 / 0.5, abs=2e-4)
     start = clock()
     clock.now += 1.0                                   # a step slower than its deadline is not cut short
     assert emu.pad(start, 100) == 0.0

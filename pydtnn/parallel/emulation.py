@@ -1,24 +1,25 @@
-"""--emulate_speeds: make replica i behave as a device f_i / max(f) as fast as the one it runs on.
+"""--emulate_speeds: make replica i behave as a device f_i / max(f) as fast as the fastest replicas.
 
 What it models: a replica whose forward + backward of b samples takes b * t0 / f seconds, where t0 is the
-replica's OWN unslowed time per sample. Every step's compute is padded to that deadline.
+time per sample of a replica running at full speed. Every step's compute is padded to that deadline.
 
-- t0 starts from calibration passes before the replica's first step (one warm-up pass, then
-  `CALIBRATION_PASSES` timed ones on its first local batch; the median per sample).
+- t0 starts as the replica's own time per sample, from calibration passes before its first step (one
+  warm-up pass, then `CALIBRATION_PASSES` timed ones on its first local batch; the median per sample).
+- Then it follows the reference replicas (those with f = max f, which are not slowed): the median of
+  their compute time per sample over the last `WINDOW` steps, which every rank has from the step's stats
+  reduction (`follow`). So the replicas' speeds stay in the ratio of the factors while the machine's
+  speed drifts, and one core being faster than another (a shared VM host) does not skew the ratio.
 - When the node's cores hold every rank's threads (`spin=True`, what the launcher decides), the replica
-  busy-waits to the deadline, and t0 follows the median of its last `WINDOW` steps' real compute per
-  sample, so it drifts with the machine as the other replicas do.
-- Otherwise (more threads than cores) it sleeps, to leave the cores to the others, and spins only for the
-  last `SPIN_S` (a sleep can wake late); t0 then stays the calibrated one.
+  busy-waits to the deadline; otherwise (more threads than cores) it sleeps, to leave the cores to the
+  others, and spins only for the last `SPIN_S` (a sleep can wake late).
 
-Why: a process computes slower just after a sleep. On a 2-vCPU VM the real compute of a 128-sample step
-went from 8 ms to 16 ms after each sleep (measured), so "sleep compute * (1/f - 1)" made 1 : 0.5 measure
-as 1 : 0.33-0.54, and so does a deadline that sleeps. Spinning keeps the core and its caches warm.
+Why not "sleep compute * (1/f - 1)": a process computes slower just after a sleep. On a 2-vCPU VM the real
+compute of a 128-sample step went from 8 ms to 16 ms after each sleep (measured), so that made 1 : 0.5
+measure as 1 : 0.33-0.54. A deadline absorbs the slowdown, and spinning avoids it.
 
-In spin mode the whole of the step's real compute is stretched by 1/f, its part that does not scale with b
-included (the slower device is slower at everything); in sleep mode the deadline is linear in b from the
-calibration batch. What it does not model: memory (the emulated device holds what this one holds) and
-communication (reductions run at this machine's speed).
+The deadline is linear in b (a device f times as fast per sample as the reference at the reference's batch
+size). What it does not model: memory (the emulated device holds what this one holds) and communication
+(reductions run at this machine's speed).
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ class SpeedEmulator:
         self.spin = bool(spin)
         self.clock, self.sleep = clock, sleep
         self.t0 = None                  # unslowed seconds per sample, once calibrated
-        self._recent = collections.deque(maxlen=WINDOW)   # spin mode: real compute per sample of the last steps
+        self._reference = collections.deque(maxlen=WINDOW)   # the reference replicas' time per sample
 
     @property
     def active(self) -> bool:
@@ -66,6 +67,13 @@ class SpeedEmulator:
         self.t0 = statistics.median(times) / max(int(samples), 1)
         return self.t0
 
+    def follow(self, reference_s_per_sample: float) -> None:
+        """The last step's compute seconds per sample of the full-speed (reference) replicas."""
+        if reference_s_per_sample > 0:
+            self._reference.append(float(reference_s_per_sample))
+            if len(self._reference) >= 3:
+                self.t0 = statistics.median(self._reference)
+
     def deadline(self, start: float, samples: int) -> float:
         return start + samples * self.t0 / self.fraction
 
@@ -75,10 +83,6 @@ class SpeedEmulator:
         if not self.active or self.t0 is None:
             return 0.0
         now = self.clock()
-        if self.spin:
-            self._recent.append((now - start) / max(int(samples), 1))
-            if len(self._recent) >= 3:
-                self.t0 = statistics.median(self._recent)
         end = self.deadline(start, samples)
         if end <= now:
             return 0.0
