@@ -53,7 +53,7 @@ def test_deadline_follows_the_reference_replicas_and_never_shortens_a_slow_step(
     emu.follow(0.002)
     assert emu.t0 == 0.001                             # three steps of the reference before it counts
     for t in (0.002, 0.002, 0.009):                    # the full-speed replicas now take 2 ms per sample
-        emu.follow(t)                                  # (one paused step: the median ignores it)
+        emu.follow(t)                                  # (one compiling step: left out)
     assert emu.t0 == pytest.approx(0.002)
     start = clock()
     clock.now += 0.05

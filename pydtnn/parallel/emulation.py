@@ -5,10 +5,13 @@ time per sample of a replica running at full speed. Every step's compute is padd
 
 - t0 starts as the replica's own time per sample, from calibration passes before its first step (one
   warm-up pass, then `CALIBRATION_PASSES` timed ones on its first local batch; the median per sample).
-- Then it follows the reference replicas (those with f = max f, which are not slowed): the median of
-  their compute time per sample over the last `WINDOW` steps, which every rank has from the step's stats
-  reduction (`follow`). So the replicas' speeds stay in the ratio of the factors while the machine's
-  speed drifts, and one core being faster than another (a shared VM host) does not skew the ratio.
+- Busy-waiting (below), until the reference is known (a speed probe before training) it follows the
+  median of its own last `WINDOW` real computes per sample, which spinning leaves undistorted.
+- Then it follows the reference replicas (those with f = max f, which are not slowed): the mean of
+  their compute time per sample over the last `WINDOW` steps but the slowest one (a step that compiles
+  kernels), which every rank has from the step's stats reduction (`follow`). So the replicas' speeds
+  stay in the ratio of the factors while the machine's speed drifts, and one core being faster than
+  another (a shared VM host) does not skew the ratio.
 - When the node's cores hold every rank's threads (`spin=True`, what the launcher decides), the replica
   busy-waits to the deadline; otherwise (more threads than cores) it sleeps, to leave the cores to the
   others, and spins only for the last `SPIN_S` (a sleep can wake late).
@@ -46,6 +49,7 @@ class SpeedEmulator:
         self.clock, self.sleep = clock, sleep
         self.t0 = None                  # unslowed seconds per sample, once calibrated
         self._reference = collections.deque(maxlen=WINDOW)   # the reference replicas' time per sample
+        self._own = collections.deque(maxlen=WINDOW)         # this replica's, until the reference is known
 
     @property
     def active(self) -> bool:
@@ -71,8 +75,8 @@ class SpeedEmulator:
         """The last step's compute seconds per sample of the full-speed (reference) replicas."""
         if reference_s_per_sample > 0:
             self._reference.append(float(reference_s_per_sample))
-            if len(self._reference) >= 3:
-                self.t0 = statistics.median(self._reference)
+            if len(self._reference) >= 3:       # a mean, as speeds are (a median would miss the slow steps),
+                self.t0 = statistics.fmean(sorted(self._reference)[:-1])   # but not one compiling step
 
     def deadline(self, start: float, samples: int) -> float:
         return start + samples * self.t0 / self.fraction
@@ -83,6 +87,10 @@ class SpeedEmulator:
         if not self.active or self.t0 is None:
             return 0.0
         now = self.clock()
+        if self.spin and len(self._reference) < 3:     # no reference yet (a speed probe): its own real compute
+            self._own.append((now - start) / max(int(samples), 1))
+            if len(self._own) >= 3:
+                self.t0 = statistics.median(self._own)
         end = self.deadline(start, samples)
         if end <= now:
             return 0.0
