@@ -9,9 +9,9 @@
 Every run is the real launcher (scripts/pydtnn_benchmark.py) under ``mpiexec -n P python -m mpi4py``
 with ``--parallel data``. ``--emulate_speeds f_1,...`` is a deadline model (pydtnn/parallel/emulation.py):
 replica i's compute of b samples is padded to b * t0 / (f_i / max f), t0 the time per sample of the full-speed
-replicas (the median of their last 16 steps; before the first step, its own from 5 calibration passes), busy-
-waiting when the cores hold every rank's threads (as here with one BLAS thread per replica); so the replicas'
-speeds are in the ratio of the factors. The per-epoch JSON histories of the runs give every number reported.
+replicas (the mean of their last 16 steps less the slowest; before the first step, its own from 5
+calibration passes), busy-waiting when the cores hold every rank's threads (as here with one BLAS thread per
+replica); so the replicas' speeds are in the ratio of the factors. The per-epoch JSON histories of the runs give every number reported.
 
 (a) Load balancing (J. Supercomputing 2020): the equal split (``--balance none``), the split proportional to
     the speeds (``--balance static --replica_speeds <speeds>``) and the split re-measured during training
@@ -674,7 +674,7 @@ def main(argv=None):
           + (" **Quick smoke run** (10 steps per epoch): the numbers mean little." if args.quick else ""), ""]
     L += ["Speed emulation (`--emulate_speeds`, a deadline model, `pydtnn/parallel/emulation.py`): replica i's "
           "compute of b samples is padded to b t0 / f_i (f_i relative to the fastest), t0 the time per sample of "
-          "the full-speed replicas (the median of their last 16 steps; before the first step, its own from 5 "
+          "the full-speed replicas (the mean of their last 16 steps less the slowest; before the first step, its own from 5 "
           "calibration passes), busy-waiting where the cores hold every rank's threads. It models compute only: "
           "memory and communication are this machine's.",
           ""]
