@@ -173,7 +173,10 @@ class Trainer:
             self.model.grads[...] = grads
 
     def _calibrate_emulation(self, x, y, weight):
-        """--emulate_speeds: this replica's own time per sample, before its first step (pydtnn.parallel.emulation)."""
+        """--emulate_speeds: this replica's own time per sample, before its first step (pydtnn.parallel.emulation);
+        nothing once calibrated or at full speed."""
+        if not self.emulator.active or self.emulator.calibrated:
+            return
         def once():
             self.model.compute_gradients(x, y, self.loss, loss_scale=weight)
             self.model.backend.synchronize()
@@ -181,8 +184,7 @@ class Trainer:
             self.emulator.calibrate(once, len(x))
 
     def _local_gradients(self, x, y, weight, overlap=True):
-        if self.emulator.active and not self.emulator.calibrated:
-            self._calibrate_emulation(x, y, weight)
+        self._calibrate_emulation(x, y, weight)          # a speed probe's first pass
         start = self.emulator.clock()
         hook = None
         if self.reducer is not None and overlap:
@@ -203,8 +205,7 @@ class Trainer:
         y = self.model.backend.asarray(y_host)          # one copy to the device
         step_total = sum(step_sizes)
         weight = b_i / step_total if self.gradient_weighting == "proportional" else 1.0 / self.nreplicas
-        if self.emulator.active and not self.emulator.calibrated:
-            self._calibrate_emulation(x, y, weight)      # not this step's compute
+        self._calibrate_emulation(x, y, weight)          # before the timer: not this step's compute
         self.timer.start_step(b_i)
         with self.timer.compute():
             value, y_pred = self._local_gradients(x, y, weight)

@@ -25,7 +25,8 @@ def _result(proc):
 
 @pytest.mark.parametrize("non_blocking", ["0", "1"])
 def test_invariant_heterogeneous_proportional_equals_serial(non_blocking):
-    r = _result(run_mpi(3, "invariant.py", ["proportional", "1,2,3", 60, 4, non_blocking], timeout=180))
+    r = _result(run_mpi(3, "invariant.py", ["proportional", "1,2,3", 60, 4, f"non_blocking={non_blocking}"],
+                        timeout=180))
     assert r["sizes"] == [10, 20, 30]
     assert r["rel_diff"] < 1e-10
 
@@ -33,7 +34,8 @@ def test_invariant_heterogeneous_proportional_equals_serial(non_blocking):
 @pytest.mark.parametrize("non_blocking", ["0", "1"])
 def test_invariant_holds_with_clipping_of_the_reduced_gradient(non_blocking):
     # 2 epochs x 4 steps; a threshold below the gradient norms of the early steps, so clipping acts
-    r = _result(run_mpi(3, "invariant.py", ["proportional", "1,2,3", 60, 4, non_blocking, 0.05], timeout=180))
+    r = _result(run_mpi(3, "invariant.py", ["proportional", "1,2,3", 60, 4, f"non_blocking={non_blocking}",
+                                             "clip=0.05"], timeout=180))
     assert r["sizes"] == [10, 20, 30]
     assert r["clipped"] > 0 and r["clipped"] == r["clipped_serial"]
     assert r["rel_diff"] < 1e-10

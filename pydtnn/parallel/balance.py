@@ -41,7 +41,7 @@ from pydtnn.errors import ConfigError
 
 __all__ = [
     "partition", "caps_for", "gradient_weights", "predicted_step_time", "steps_in_epoch", "step_span", "step_sizes",
-    "shard", "epoch_permutation", "DynamicBalancer", "probe_speeds", "WEIGHTING_MODES",
+    "shard", "epoch_permutation", "DynamicBalancer", "probe_speeds", "median_call_seconds", "WEIGHTING_MODES",
 ]
 
 WEIGHTING_MODES = ("proportional", "uniform")
@@ -380,12 +380,18 @@ def probe_speeds(step_fn: Callable[[], object], comm, k: int = 5, samples_per_ca
     """
     k = _int(k, "probe steps", 1)
     samples = _int(samples_per_call, "probe samples per call", 1)
-    for _ in range(_int(warmup, "probe warm-up steps", 0)):
-        step_fn()
+    median = max(median_call_seconds(step_fn, k, _int(warmup, "probe warm-up steps", 0)), 1e-9)
+    return np.asarray(comm.allgather(samples / median), dtype=np.float64).reshape(-1)
+
+
+def median_call_seconds(fn: Callable[[], object], k: int, warmup: int = 1, clock=time.perf_counter) -> float:
+    """Call ``fn()`` ``warmup`` times untimed (allocations, compilation), then ``k`` times: the median
+    seconds of those k calls (what the probe and the speed emulation's calibration measure)."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(k):
-        t0 = time.perf_counter()
-        step_fn()
-        times.append(time.perf_counter() - t0)
-    median = max(float(np.median(times)), 1e-9)
-    return np.asarray(comm.allgather(samples / median), dtype=np.float64).reshape(-1)
+        t0 = clock()
+        fn()
+        times.append(clock() - t0)
+    return float(np.median(times))

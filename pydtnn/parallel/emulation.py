@@ -31,6 +31,7 @@ import statistics
 import time
 
 from pydtnn.errors import ConfigError
+from pydtnn.parallel.balance import median_call_seconds
 
 __all__ = ["SpeedEmulator", "CALIBRATION_PASSES", "SPIN_S", "WINDOW"]
 
@@ -62,13 +63,7 @@ class SpeedEmulator:
     def calibrate(self, run_once, samples: int, passes: int = CALIBRATION_PASSES) -> float:
         """Time ``run_once()`` (a forward + backward of ``samples`` samples that changes no state the caller
         keeps) after one warm-up call; t0 = the median time per sample."""
-        run_once()
-        times = []
-        for _ in range(passes):
-            start = self.clock()
-            run_once()
-            times.append(self.clock() - start)
-        self.t0 = statistics.median(times) / max(int(samples), 1)
+        self.t0 = median_call_seconds(run_once, passes, warmup=1, clock=self.clock) / max(int(samples), 1)
         return self.t0
 
     def follow(self, reference_s_per_sample: float) -> None:

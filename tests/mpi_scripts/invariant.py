@@ -11,7 +11,6 @@ argv: weighting speeds B steps [key=value ...] with the options
   model=plain|bn     bn: BatchNorm after convolutions, inside a residual block and after an FC
   sync=0|1           --sync_batchnorm
   devices=gpu,cpu    one backend per rank ("gpu" is the host stand-in under tests/gpu_standin)
-(the old positional form "weighting speeds B steps non_blocking clip" is accepted too).
 """
 import json
 import sys
@@ -30,12 +29,11 @@ from pydtnn.trainer import Trainer
 
 weighting, speeds, B, steps = sys.argv[1], [float(v) for v in sys.argv[2].split(",")], int(sys.argv[3]), int(sys.argv[4])
 opts = {"non_blocking": "0", "clip": "0", "model": "plain", "sync": "0", "devices": ""}
-for i, arg in enumerate(sys.argv[5:]):
-    key, sep, value = arg.partition("=")
-    if sep:
-        opts[key] = value
-    else:
-        opts[["non_blocking", "clip"][i]] = arg
+for arg in sys.argv[5:]:
+    key, _, value = arg.partition("=")
+    if key not in opts:
+        sys.exit(f"invariant.py: unknown option {arg!r} (key=value, one of {', '.join(opts)})")
+    opts[key] = value
 non_blocking, clip, sync = opts["non_blocking"] == "1", float(opts["clip"]), opts["sync"] == "1"
 
 
