@@ -68,7 +68,7 @@ def _shown(value) -> str:
         return ",".join(_shown(v) for v in value)
     if isinstance(value, float):
         return f"{value:g}"
-    return str(value)
+    return str(value) if value != "" else '""'
 
 
 # ---------------------------------------------------------------------------------- combinations of flags
@@ -136,7 +136,8 @@ def _normal(value):
 def merge_resumed_flags(parser, p, given, saved: dict, path: str):
     """`--resume`: what the command line says wins; a flag it does not give comes from the checkpoint's run.
     Returns (changes, lines): the attributes set on ``p`` from the checkpoint, and one line for each given
-    flag whose value differs from the checkpoint's run (it changes what the checkpoint would restore)."""
+    flag that changes what the checkpoint restores (RESTORED_STATE) because it differs from the checkpoint's
+    run. Other given flags (--num_epochs, outputs) are configuration: shown with the parameters."""
     dests = [d for d in flag_dests(parser) if d not in EXECUTION_FLAGS]
     lines, inherited = [], []
     for dest in dests:
@@ -144,9 +145,9 @@ def merge_resumed_flags(parser, p, given, saved: dict, path: str):
             continue                       # a flag newer than the checkpoint: this run's value
         old, new = _normal(saved[dest]), _normal(getattr(p, dest))
         if dest in given:
-            if old != new:
+            if old != new and dest in RESTORED_STATE:
                 lines.append(f"resume: {option_of(parser, dest)} {_shown(new)} instead of the checkpoint's "
-                             f"{_shown(old) if old is not None else 'none'}{_CONSEQUENCE.get(dest, '')}")
+                             f"{_shown(old) if old is not None else 'none'}: {RESTORED_STATE[dest]}")
         elif old != new:
             inherited.append(dest)
     # the checkpoint's values go through the parser, as if typed: a crafted file cannot pass bad values
@@ -167,10 +168,17 @@ def merge_resumed_flags(parser, p, given, saved: dict, path: str):
     return changes, lines
 
 
-_CONSEQUENCE = {
-    "learning_rate": ": training continues at the new rate, not at the checkpoint's",
-    "seed": ": a new data order and dropout stream from here",
-    "optimizer_name": ": the weights are restored, the optimizer starts afresh",
+_SPLIT = "the split of the global batch is computed anew, not restored"
+_BEST = "its best value so far is not restored"
+# The flags that change what a checkpoint restores, and how (the line printed when one is given anew).
+RESTORED_STATE = {
+    "batch_size": _SPLIT, "global_batch_size": _SPLIT, "balance": _SPLIT, "replica_speeds": _SPLIT,
+    "max_local_batch": _SPLIT,
+    "seed": "a new data order and dropout stream from here",
+    "optimizer_name": "the weights are restored, the optimizer starts afresh",
+    "learning_rate": "training continues at the new rate, not at the checkpoint's",
+    "lr_schedulers_names": "a scheduler the checkpoint does not hold starts afresh",
+    "early_stopping_metric": _BEST, "reduce_lr_on_plateau_metric": _BEST, "model_checkpoint_metric": _BEST,
 }
 
 

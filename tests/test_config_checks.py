@@ -102,19 +102,26 @@ def test_resume_takes_the_flags_not_given_from_the_checkpoint():
     # not given: the checkpoint's run's values (lists come back as lists of the parser's type)
     assert p.seed == 3 and p.learning_rate == 0.1 and p.replica_speeds == [1.0, 2.0] and p.balance == "static"
     assert set(changes) == {"seed", "learning_rate", "replica_speeds", "balance"}
-    # given and different from the checkpoint's: this command line's, with one line
-    assert p.num_epochs == 8 and lines == ["resume: --num_epochs 8 instead of the checkpoint's 5"]
+    # given: this command line's (configuration, not restored state: no line)
+    assert p.num_epochs == 8 and lines == []
     # how this machine runs is never taken from the checkpoint
     assert p.parallel == "sequential" and p.resume == "ck.npz"
 
 
 def test_resume_lines_say_what_changes_in_the_restored_state():
-    argv = ["--resume", "ck.npz", "--learning_rate", "0.05", "--seed", "3", "--optimizer", "adam"]
+    argv = ["--resume", "ck.npz", "--learning_rate", "0.05", "--seed", "3", "--optimizer", "adam",
+            "--replica_speeds", "1,3", "--history_file", "h.csv", "--momentum", "0.5"]
     p = parse_args(argv)
     _, lines = cc.merge_resumed_flags(build_parser(), p, cc.given_flags(build_parser, argv), _saved(), "ck.npz")
-    assert len(lines) == 2                                       # --seed 3 is the checkpoint's: no line
-    assert lines[0].startswith("resume: --optimizer adam instead of the checkpoint's sgd: the weights are restored")
-    assert lines[1].startswith("resume: --learning_rate 0.05 instead of the checkpoint's 0.1: training continues")
+    # --seed 3 is the checkpoint's; --history_file and --momentum are configuration: no line for them
+    assert lines == [
+        "resume: --optimizer adam instead of the checkpoint's sgd: the weights are restored, the optimizer starts "
+        "afresh",
+        "resume: --learning_rate 0.05 instead of the checkpoint's 0.1: training continues at the new rate, not at "
+        "the checkpoint's",
+        "resume: --replica_speeds 1,3 instead of the checkpoint's 1,2: the split of the global batch is computed "
+        "anew, not restored"]
+    assert p.momentum == 0.5 and p.history_file == "h.csv"
 
 
 def test_a_checkpoint_whose_flags_do_not_parse_is_one_error_naming_it():
