@@ -98,14 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local batch per replica (upstream meaning); the global batch is batch_size x replicas "
                         "unless --global_batch_size is given")
     g.add_argument("--global_batch_size", type=positive_int, default=None,
-                   help="the real global batch B, split among replicas by --balance (sequential: the batch)")
+                   help="the real global batch B, split among replicas by --balance (sequential: the batch); at "
+                        "most the training samples")
     g.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="floating type")
     g.add_argument("--num_epochs", type=nonneg_int, default=1, help="epochs to train")
     g.add_argument("--steps_per_epoch", type=nonneg_int, default=0,
                    help="0 = a full pass; >0 trims or tiles the training set to that many global steps")
-    g.add_argument("--evaluate", dest="evaluate_on_train", type=B, default=False,
-                   help="evaluate on the test set before and after training")
-    g.add_argument("--evaluate_only", type=B, default=False, help="only evaluate on the test set")
+    g.add_argument("--evaluate", dest="evaluate_on_train", metavar="EVALUATE", type=B, default=False,
+                   help="evaluate on the test set before and after training (refused without a test split)")
+    g.add_argument("--evaluate_only", type=B, default=False,
+                   help="only evaluate on the test set (refused without a test split)")
     g.add_argument("--weights_and_bias_filename", default=None, help="NPZ weights to load before training")
     g.add_argument("--save_weights_and_bias_filename", default=None,
                    help="write the final weights here as NPZ (stable keys layer/param, no pickle)")
@@ -120,9 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(CPU NHWC, GPU NCHW); users always see NCHW")
     g.add_argument("--seed", type=nonneg_int, default=0, help="fixes every random choice (weights, order, dropout, augmentation)")
     g.add_argument("--resume", default=None,
-                   help="resume from a full checkpoint (model_checkpoint, step or preemption checkpoints): state "
-                        "(counters, best values, learning rate, RNG, split) comes from it, configuration from the "
-                        "flags; it may come from another number of replicas")
+                   help="resume from a full checkpoint (model_checkpoint, step or preemption checkpoints): its state "
+                        "(counters, best values, learning rate, RNG, split) and the flags of its run that this command "
+                        "line does not give; a flag given anew wins (one line for each that changes the restored "
+                        "state); it may come from another number of replicas; not with --weights_and_bias_filename")
     g.add_argument("--checkpoint_dir", default="checkpoints",
                    help="where model_checkpoint, step checkpoints and the SIGTERM/SIGUSR1 checkpoint write "
                         "(created by the first checkpoint)")
@@ -150,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--optimizer", dest="optimizer_name", default="sgd", choices=["sgd", "rmsprop", "adam", "nadam", "adamw"])
     g.add_argument("--learning_rate", type=finite_float, default=0.01)
     g.add_argument("--learning_rate_scaling", type=B, default=True,
-                   help="data mode, SGD only: learning rate x replicas (as upstream)")
+                   help="data mode, SGD only: learning rate x replicas when the global batch is --batch_size x "
+                        "replicas (upstream's case); never with --global_batch_size, which fixes the global batch; "
+                        "the rate in force is printed at start when it is not --learning_rate")
     g.add_argument("--momentum", type=finite_float, default=0.9)
     g.add_argument("--decay", type=finite_float, default=0.0, help="L2 weight decay added to the gradient; for adamw the decoupled weight decay "
                         "(w -= lr x decay x w, outside the moments, PyTorch's weight_decay)")
@@ -242,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("tracing")
     g.add_argument("--tracing", type=B, default=False, help="record a per-replica timeline")
-    g.add_argument("--tracer_output", default="", help="Chrome-trace JSON file of the timeline (default trace.json)")
+    g.add_argument("--tracer_output", default="trace.json", help="Chrome-trace JSON file of the timeline (--tracing true)")
     g.add_argument("--profile", type=B, default=False, help="cProfile of rank 0's training, printed at the end")
     g.add_argument("--progress_bar", type=B, default=True,
                    help="progress on rank 0's stderr: a tqdm bar on a terminal, else a plain line every 10 s")
@@ -380,7 +385,7 @@ def run(p, given=None):
         metric_driven = [s for s in schedulers if getattr(s, "metric", "").startswith("val_")
                          and s.name != "model_checkpoint"]
         schedulers = [s for s in schedulers if s not in metric_driven]
-    tracer_output = (p.tracer_output or "trace.json") if p.tracing else None
+    tracer_output = p.tracer_output if p.tracing else None
 
     from pydtnn.losses import get_loss
     loss = get_loss(p.loss_func, label_smoothing=p.label_smoothing)
@@ -542,7 +547,7 @@ def _check_outputs(p, comm):
         check_output_file(p.history_file, "--history_file")
         check_output_file(p.save_weights_and_bias_filename, "--save_weights_and_bias_filename")
         if p.tracing:
-            check_output_file(p.tracer_output or "trace.json", "--tracer_output")
+            check_output_file(p.tracer_output, "--tracer_output")
         # only checked: it is created by the first checkpoint (a run that writes none leaves no folder)
         check_output_dir(p.checkpoint_dir, "--checkpoint_dir", create=False)
     raise_together(comm, check, "rank 0 cannot write an output path", rank0_only=True)

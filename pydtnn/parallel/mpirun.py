@@ -18,7 +18,7 @@ from pydtnn.errors import ConfigError
 
 @functools.lru_cache(maxsize=None)
 def find_mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
+    local = Path(os.path.normpath(sys.executable)).parent / "mpiexec"
     if local.is_file() and os.access(local, os.X_OK):
         return str(local)
     found = shutil.which("mpiexec") or shutil.which("mpirun")
@@ -61,5 +61,6 @@ def mpmd_command(programs) -> list[str]:
     for i, (nprocs, script_path, args) in enumerate(programs):
         if i:
             cmd.append(":")
-        cmd += ["-n", str(int(nprocs)), sys.executable, "-m", "mpi4py", str(script_path), *map(str, args)]
+        cmd += ["-n", str(int(nprocs)), os.path.normpath(sys.executable), "-m", "mpi4py", str(script_path),
+                *map(str, args)]
     return cmd
