@@ -321,16 +321,16 @@ def run(p, given=None):
     threads_all = [int(t) for t in comm.allgather(float(threads))]
     P, rank = comm.size, comm.rank
 
-    resume_lines = []
+    resume_lines, anew = [], set()
     if p.resume:          # the checkpoint's run gives the flags this command line does not
         from pydtnn.checkpoint import read_meta
-        _, resume_lines = raise_together(
+        _, anew, resume_lines = raise_together(
             comm, lambda: config_checks.merge_resumed_flags(build_parser(), p, given, read_meta(p.resume)["flags"],
                                                             p.resume),
             "another rank could not read its --resume checkpoint")
         if P > 1:
             config_checks.agree_on_flags(comm.comm, build_parser(), p,
-                                         what="the ranks' --resume checkpoints come from runs with different flags")
+                                         what="resumed from checkpoints of runs with")
     _check_outputs(p, comm)
     rate, rate_why = config_checks.learning_rate_in_force(p, P)
     config_checks.check_schedules(p, rate, rate_why)
@@ -399,8 +399,6 @@ def run(p, given=None):
                       save_steps=p.model_checkpoint_save_steps, save_minutes=p.model_checkpoint_save_minutes,
                       handle_signals=True, clip_grad_norm=p.clip_grad_norm,
                       sync_batchnorm=p.sync_batchnorm and p.parallel == "data", max_local_batch=caps)
-    changed = {line.split()[1] for line in resume_lines}     # the given flags that differ from the checkpoint's
-
     def restore():
         if p.weights_and_bias_filename:
             from pydtnn.checkpoint import load_weights
@@ -408,8 +406,8 @@ def run(p, given=None):
         if p.resume:
             # a measured split (probe or dynamic) continues from the checkpoint; one given by flags is the flags'
             trainer.resume(p.resume, keep_split=p.balance == "dynamic" or (p.balance == "static" and not p.replica_speeds),
-                           learning_rate=rate if "--learning_rate" in changed else None,
-                           restore_optimizer="--optimizer" not in changed)
+                           learning_rate=rate if "learning_rate" in anew else None,
+                           restore_optimizer="optimizer_name" not in anew)
     raise_together(comm, restore, "another rank could not read its weights or checkpoint")
     if p.parallel == "data" and p.balance == "static" and not p.replica_speeds and not trainer.restored_split:
         trainer.sizes = _probe_sizes(trainer, B, P, caps)

@@ -135,17 +135,19 @@ def _normal(value):
 
 def merge_resumed_flags(parser, p, given, saved: dict, path: str):
     """`--resume`: what the command line says wins; a flag it does not give comes from the checkpoint's run.
-    Returns (changes, lines): the attributes set on ``p`` from the checkpoint, and one line for each given
-    flag that changes what the checkpoint restores (RESTORED_STATE) because it differs from the checkpoint's
-    run. Other given flags (--num_epochs, outputs) are configuration: shown with the parameters."""
+    Returns (inherited, anew, lines): the attributes set on ``p`` from the checkpoint; the given flags that
+    change what the checkpoint restores (RESTORED_STATE) because they differ from the checkpoint's run; and
+    one line for each of those. Other given flags (--num_epochs, outputs) are configuration: shown with the
+    parameters."""
     dests = [d for d in flag_dests(parser) if d not in EXECUTION_FLAGS]
-    lines, inherited = [], []
+    lines, inherited, anew = [], [], set()
     for dest in dests:
         if dest not in saved:
             continue                       # a flag newer than the checkpoint: this run's value
         old, new = _normal(saved[dest]), _normal(getattr(p, dest))
         if dest in given:
             if old != new and dest in RESTORED_STATE:
+                anew.add(dest)
                 lines.append(f"resume: {option_of(parser, dest)} {_shown(new)} instead of the checkpoint's "
                              f"{_shown(old) if old is not None else 'none'}: {RESTORED_STATE[dest]}")
         elif old != new:
@@ -165,7 +167,7 @@ def merge_resumed_flags(parser, p, given, saved: dict, path: str):
     for dest in inherited:
         changes[dest] = getattr(parsed, dest) if saved[dest] is not None else None
         setattr(p, dest, changes[dest])
-    return changes, lines
+    return changes, anew, lines
 
 
 _SPLIT = "the split of the global batch is computed anew, not restored"
@@ -259,7 +261,7 @@ def agree_on_flags(world, parser, p, error=None, what="started") -> None:
     line = describe_difference(option_of(parser, dest), values) if world.Get_rank() == 0 else None
     line = world.bcast(line, root=0)
     if what != "started":
-        line = line.replace("were started with different flags", what)
+        line = line.replace("were started with", what)
     raise ConfigError(line)
 
 

@@ -98,7 +98,7 @@ def _saved(**changes):
 def test_resume_takes_the_flags_not_given_from_the_checkpoint():
     argv = ["--resume", "ck.npz", "--num_epochs", "8"]
     p = parse_args(argv)
-    changes, lines = cc.merge_resumed_flags(build_parser(), p, cc.given_flags(build_parser, argv), _saved(), "ck.npz")
+    changes, _, lines = cc.merge_resumed_flags(build_parser(), p, cc.given_flags(build_parser, argv), _saved(), "ck.npz")
     # not given: the checkpoint's run's values (lists come back as lists of the parser's type)
     assert p.seed == 3 and p.learning_rate == 0.1 and p.replica_speeds == [1.0, 2.0] and p.balance == "static"
     assert set(changes) == {"seed", "learning_rate", "replica_speeds", "balance"}
@@ -112,7 +112,9 @@ def test_resume_lines_say_what_changes_in_the_restored_state():
     argv = ["--resume", "ck.npz", "--learning_rate", "0.05", "--seed", "3", "--optimizer", "adam",
             "--replica_speeds", "1,3", "--history_file", "h.csv", "--momentum", "0.5"]
     p = parse_args(argv)
-    _, lines = cc.merge_resumed_flags(build_parser(), p, cc.given_flags(build_parser, argv), _saved(), "ck.npz")
+    _, anew, lines = cc.merge_resumed_flags(build_parser(), p, cc.given_flags(build_parser, argv), _saved(),
+                                            "ck.npz")
+    assert anew == {"optimizer_name", "learning_rate", "replica_speeds"}
     # --seed 3 is the checkpoint's; --history_file and --momentum are configuration: no line for them
     assert lines == [
         "resume: --optimizer adam instead of the checkpoint's sgd: the weights are restored, the optimizer starts "
@@ -136,7 +138,7 @@ def test_flags_newer_than_the_checkpoint_keep_this_runs_value():
     saved = _saved()
     del saved["label_smoothing"]
     p = parse_args(["--resume", "ck.npz", "--label_smoothing", "0.1"])
-    _, lines = cc.merge_resumed_flags(build_parser(), p, {"resume", "label_smoothing"}, saved, "ck.npz")
+    _, _, lines = cc.merge_resumed_flags(build_parser(), p, {"resume", "label_smoothing"}, saved, "ck.npz")
     assert p.label_smoothing == 0.1 and lines == []
 
 

@@ -102,3 +102,21 @@ def test_a_weights_file_of_strings_under_three_ranks_is_one_line(tmp_path):
     np.savez(path, **{"conv2d/weights": np.array(["a", "b"])})
     line = one_line(run_mpi(3, LAUNCHER, [*QUICK, "--weights_and_bias_filename", path], env=NO_WAITING))
     assert line == f"pydtnn: error: weights file {path}: array 'conv2d/weights' holds strings (<U1), not real numbers"
+
+
+def test_ranks_resumed_from_checkpoints_of_different_runs_stop(tmp_path):
+    """Each rank reads its own --resume path (a node's copy); the flags they bring must agree too."""
+    import subprocess
+    paths = []
+    for epochs in (1, 2):
+        folder = tmp_path / f"run{epochs}"
+        r = subprocess.run([sys.executable, str(LAUNCHER), *QUICK[:-2], "--num_epochs", str(epochs), "--lr_schedulers",
+                            "model_checkpoint", "--model_checkpoint_save_freq", "1", "--checkpoint_dir", str(folder)],
+                           capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT)))
+        assert r.returncode == 0, r.stderr
+        paths.append(folder / "epoch_0001.npz")
+    line = one_line(run_mpmd([(2, LAUNCHER, [*QUICK, "--resume", paths[0]]),
+                              (1, LAUNCHER, [*QUICK, "--resume", paths[1]])], env=NO_WAITING))
+    assert line.startswith("pydtnn: error: the ranks resumed from checkpoints of runs with different flags: "
+                           "--num_epochs is 1 on ranks 0-1 and 2 on rank 2"), line
