@@ -16,7 +16,7 @@ import types
 import numpy as np
 
 from . import fake_nccl
-from .device_memory import DeviceArray, refuse_host, to_base, wrap
+from .device_memory import DeviceArray, refuse_host, to_base, unwrap_nested, wrap
 from .host_kernels import RawModule
 
 VERSION = "14.2.0"          # the CuPy the device machine has; parallel/nccl.py reads the major
@@ -37,7 +37,7 @@ def _to_device(a, dtype=None, order="K"):
     """A fresh device copy of host data (or a device array, converted only when needed)."""
     if isinstance(a, DeviceArray):
         return a if dtype is None or a.dtype == np.dtype(dtype) else a.astype(dtype)
-    return np.array(a, dtype=dtype, order=order, copy=True).view(DeviceArray)
+    return wrap(np.array(a, dtype=dtype, order=order, copy=True))
 
 
 def asarray(a, dtype=None, order=None):
@@ -45,8 +45,7 @@ def asarray(a, dtype=None, order=None):
 
 
 def array(a, dtype=None, copy=True, order="K", ndmin=0):
-    out = np.array(to_base(a), dtype=dtype, copy=True, order=order, ndmin=ndmin)
-    return out.view(DeviceArray)
+    return wrap(np.array(to_base(a), dtype=dtype, copy=True, order=order, ndmin=ndmin))
 
 
 def ascontiguousarray(a, dtype=None):
@@ -66,17 +65,11 @@ def _numpy_function(name):
 
     def device_function(*args, **kwargs):
         refuse_host(f"cupy.{name}", args + tuple(kwargs.values()))
-        args = tuple(_base_nested(a) for a in args)
-        kwargs = {k: _base_nested(v) for k, v in kwargs.items()}
-        return wrap(f(*args, **kwargs))
+        out = kwargs.get("out")
+        result = f(*unwrap_nested(args), **{k: unwrap_nested(v) for k, v in kwargs.items()})
+        return out if isinstance(out, DeviceArray) else wrap(result)
     device_function.__name__ = name
     return device_function
-
-
-def _base_nested(a):
-    if isinstance(a, (tuple, list)):
-        return type(a)(_base_nested(v) for v in a)
-    return to_base(a)
 
 
 # --------------------------------------------------------------------------------------- cupy.cuda
