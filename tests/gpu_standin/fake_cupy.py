@@ -103,6 +103,15 @@ class Device:
         return "90"
 
 
+class _Clock:
+    """The stand-in's device clock (ms): advanced by what the cuDNN stand-in executes, read by events."""
+    now_ms = 0.0
+
+
+def advance_clock(ms: float) -> None:
+    _Clock.now_ms += float(ms)
+
+
 class Stream:
     _next_ptr = 0x5000
 
@@ -112,11 +121,14 @@ class Stream:
         self.device_id = _State.current_device
 
     def synchronize(self):
-        pass
+        CALLS.append(("stream_synchronize", self.ptr))
 
     def wait_event(self, event):
         if not isinstance(event, Event):
             raise TypeError(f"Stream.wait_event takes an Event, got {type(event).__name__}")
+        if not event.recorded:
+            raise AssertionError("Stream.wait_event on an event never recorded (the wait orders nothing)")
+        CALLS.append(("wait_event", self.ptr, id(event)))
 
     def record(self, event=None):
         event = event or Event()
@@ -128,11 +140,14 @@ class Event:
     def __init__(self, block=False, disable_timing=False, interprocess=False):
         self.disable_timing = disable_timing
         self.recorded = False
+        self.time_ms = None
 
     def record(self, stream=None):
         if stream is not None and not isinstance(stream, Stream):
             raise TypeError(f"Event.record takes a Stream, got {type(stream).__name__}")
         self.recorded = True
+        self.time_ms = _Clock.now_ms
+        CALLS.append(("record", (stream or _NULL_STREAM).ptr, id(self)))
 
     def synchronize(self):
         pass
@@ -153,7 +168,7 @@ def get_elapsed_time(start, end):
     for e in (start, end):
         if not e.recorded or e.disable_timing:
             raise RuntimeError("get_elapsed_time needs two recorded events with timing (stand-in)")
-    return 0.01
+    return end.time_ms - start.time_ms
 
 
 def _runtime_module():
