@@ -237,7 +237,8 @@ class FrontendConv:
         if "Deselect" in text or "excluded by" in text:
             return "deselected"
         declines = (NotImplementedError, ImportError, getattr(self.cudnn, "cudnnGraphNotSupportedError", ()))
-        return "declined" if isinstance(e, declines) else "failed"
+        # "Skipping plan since shared memory / workspace violation": the backend's own limits, a decline too
+        return "declined" if isinstance(e, declines) or "Skipping plan" in text else "failed"
 
     def _choose_plan(self, op, g, pack) -> int:
         """The index of the plan to run: without autotuning the first that builds, with it the fastest of

@@ -10,8 +10,8 @@
 - Host values (NumPy arrays, numbers) and everything that is not a hot path (allgather, weighted_mean,
   any_true, barrier, gather_object) go through an inner `MPIComm`.
 - Set-up, so that every rank ends with the same one-line ConfigError when it cannot start, instead of some
-  ranks waiting for the others in a collective: the MPI communicator first; then each rank chooses its
-  device (the local rank's, made current FIRST: `_gpu_device.use_device`) and checks CuPy's NCCL, and the
+  ranks waiting for the others in a collective: each rank chooses its device (the local rank's, made
+  current FIRST: `_gpu_device.use_device`) and checks CuPy's NCCL; then, through the MPI communicator, the
   ranks agree on the outcome (an allgather of error messages); then they compare their devices (host name
   + PCI bus id) and refuse to start when two share one; then rank 0 creates the NCCL unique id (`bytes` in
   CuPy >= 14, a tuple of ints before) and broadcasts it with its outcome, and every rank joins. A failure
@@ -91,12 +91,17 @@ class NCCLComm(Communicator):
     kind = "nccl"
 
     def __init__(self, mpi_comm=None, device=None):
-        self.mpi = MPIComm(mpi_comm)
         opened, why = None, None
         try:
             opened = self._open(device)
         except ConfigError as e:
             why = str(e)
+        try:
+            self.mpi = MPIComm(mpi_comm)
+        except ConfigError:
+            if why:
+                raise ConfigError(why) from None       # this rank's own reason first (no MPI to agree through)
+            raise
         self._agree(why)
         self.cp, self.device, self.nccl = opened
         self._refuse_shared_gpus()
@@ -252,6 +257,7 @@ class NCCLComm(Communicator):
         return self.mpi.any_true(flag)
 
     def barrier(self) -> None:
+        self.stream.synchronize()
         self.cp.cuda.get_current_stream().synchronize()
         self.mpi.barrier()
 
