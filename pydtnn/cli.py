@@ -348,9 +348,6 @@ def run(p, given=None):
             raise ConfigError(f"--devices needs one of cpu/gpu per replica ({P}), got {p.devices!r}")
     if p.enable_nccl and P > 1 and any(d != "gpu" for d in devices):
         raise ConfigError("--enable_nccl needs every replica on a GPU; mixed --devices reduce through MPI")
-    if p.non_blocking_mpi and "gpu" in devices:
-        raise ConfigError("--non_blocking_mpi overlaps reductions of host (CPU) gradient buffers; a job with GPU "
-                          "replicas reduces in one call")
     if p.enable_conv_winograd and p.conv_algorithm == "direct":
         raise ConfigError("--enable_conv_winograd true contradicts --conv_algorithm direct")
     if p.replica_speeds and not (p.parallel == "data" and p.balance == "static"):
