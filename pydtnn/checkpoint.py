@@ -18,7 +18,7 @@ import zipfile
 
 import numpy as np
 
-from pydtnn.errors import CheckpointError
+from pydtnn.errors import CheckpointError, ConfigError
 from pydtnn.outputs import atomic_write
 
 META_KEY = "__meta__"
@@ -31,14 +31,41 @@ def atomic_savez(path: str, arrays: dict) -> None:
 
 
 def read_npz(path: str, what="file") -> dict:
-    """All arrays of an NPZ file, loaded with allow_pickle=False; one clear error for any problem."""
+    """All arrays of an NPZ file, loaded with allow_pickle=False; one clear error for any problem: not an
+    NPZ archive (a .npy array, garbage), an array of Python objects, or an array that does not hold finite
+    real numbers (strings, complex numbers, NaN); the error names the file and the array."""
     if not os.path.isfile(path):
         raise CheckpointError(f"{what} {path} does not exist")
+    arrays = {}
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise CheckpointError(f"{what} {path} is a .npy file (one array), not an NPZ archive of named "
+                                  f"arrays (write one with numpy.savez)")
+        with data:
+            for key in data.files:
+                try:
+                    arrays[key] = data[key]
+                except ValueError as e:
+                    if "allow_pickle" in str(e):
+                        raise CheckpointError(f"{what} {path}: array {key!r} holds Python objects (pickled), "
+                                              f"which are never loaded") from None
+                    raise
     except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
         raise CheckpointError(f"{what} {path} is corrupt or not an NPZ file ({type(e).__name__}: {e})") from None
+    for key, value in arrays.items():
+        _check_real(value, key, path, what)
+    return arrays
+
+
+def _check_real(value, key, path, what):
+    kind = value.dtype.kind
+    if kind not in "biuf":
+        held = {"U": "strings", "S": "byte strings", "c": "complex numbers", "O": "Python objects",
+                "M": "dates", "m": "time spans", "V": "records"}.get(kind, "non-numbers")
+        raise CheckpointError(f"{what} {path}: array {key!r} holds {held} ({value.dtype}), not real numbers")
+    if kind == "f" and not np.isfinite(value).all():
+        raise CheckpointError(f"{what} {path}: array {key!r} holds NaN or infinite values")
 
 
 def save_weights(path: str, model) -> None:
@@ -64,28 +91,55 @@ def save_checkpoint(path: str, model, optimizer, meta: dict) -> None:
     atomic_savez(path, arrays)
 
 
-def load_checkpoint(path: str, model, optimizer) -> dict:
-    """Restore weights and optimizer state in place; returns the metadata dict."""
-    arrays = read_npz(path, "checkpoint")
-    if META_KEY not in arrays:
+def _decode_meta(raw, path) -> dict:
+    if raw is None:
         raise CheckpointError(f"checkpoint {path} has no training state (a weights-only file? use "
                               f"--weights_and_bias_filename for those)")
     try:
-        meta = json.loads(arrays.pop(META_KEY).tobytes().decode())
+        meta = json.loads(np.asarray(raw).tobytes().decode())
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise CheckpointError(f"checkpoint {path}: its metadata is corrupt") from None
     validate_meta(meta, path)
+    return meta
+
+
+def read_meta(path: str) -> dict:
+    """A checkpoint's metadata alone (counters, flags of its run), validated; its arrays are not read."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise CheckpointError(f"checkpoint {path} is a .npy file (one array), not an NPZ archive of named "
+                                  f"arrays")
+        with data:
+            raw = data[META_KEY] if META_KEY in data.files else None
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
+        raise CheckpointError(f"checkpoint {path} is corrupt or not an NPZ file ({type(e).__name__}: {e})") from None
+    return _decode_meta(raw, path)
+
+
+def load_checkpoint(path: str, model, optimizer, restore_optimizer: bool = True) -> dict:
+    """Restore weights and optimizer state in place; returns the metadata dict. Without
+    ``restore_optimizer`` (another optimizer than the checkpoint's, chosen on purpose) only the weights."""
+    arrays = read_npz(path, "checkpoint")
+    meta = _decode_meta(arrays.pop(META_KEY, None), path)
+    opt_arrays = {k.split("/", 1)[1]: arrays.pop(k) for k in list(arrays) if k.startswith("optimizer/")}
+    model.load_state_arrays(arrays, source=f"checkpoint {path}")
+    if not restore_optimizer:
+        return meta
     if meta["optimizer_name"] != optimizer.name:
         raise CheckpointError(f"checkpoint {path} was written with optimizer {meta.get('optimizer_name')}, "
                               f"not {optimizer.name}")
-    opt_arrays = {k.split("/", 1)[1]: arrays.pop(k) for k in list(arrays) if k.startswith("optimizer/")}
-    model.load_state_arrays(arrays, source=f"checkpoint {path}")
     state = dict(meta["optimizer"], **opt_arrays)
     for key, value in opt_arrays.items():
         if value.shape != (model.nparams,):
             raise CheckpointError(f"checkpoint {path}: optimizer state {key} has shape {value.shape}, expected "
                                   f"({model.nparams},)")
-    optimizer.load_state_dict(state, model.xp)
+    try:
+        optimizer.load_state_dict(state, model.xp)
+    except ConfigError as e:
+        raise CheckpointError(f"checkpoint {path}: optimizer state: {e}") from None
     return meta
 
 

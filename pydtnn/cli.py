@@ -98,14 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local batch per replica (upstream meaning); the global batch is batch_size x replicas "
                         "unless --global_batch_size is given")
     g.add_argument("--global_batch_size", type=positive_int, default=None,
-                   help="the real global batch B, split among replicas by --balance (sequential: the batch)")
+                   help="the real global batch B, split among replicas by --balance (sequential: the batch); at "
+                        "most the training samples")
     g.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="floating type")
     g.add_argument("--num_epochs", type=nonneg_int, default=1, help="epochs to train")
     g.add_argument("--steps_per_epoch", type=nonneg_int, default=0,
                    help="0 = a full pass; >0 trims or tiles the training set to that many global steps")
-    g.add_argument("--evaluate", dest="evaluate_on_train", type=B, default=False,
-                   help="evaluate on the test set before and after training")
-    g.add_argument("--evaluate_only", type=B, default=False, help="only evaluate on the test set")
+    g.add_argument("--evaluate", dest="evaluate_on_train", metavar="EVALUATE", type=B, default=False,
+                   help="evaluate on the test set before and after training (refused without a test split)")
+    g.add_argument("--evaluate_only", type=B, default=False,
+                   help="only evaluate on the test set (refused without a test split)")
     g.add_argument("--weights_and_bias_filename", default=None, help="NPZ weights to load before training")
     g.add_argument("--save_weights_and_bias_filename", default=None,
                    help="write the final weights here as NPZ (stable keys layer/param, no pickle)")
@@ -120,9 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(CPU NHWC, GPU NCHW); users always see NCHW")
     g.add_argument("--seed", type=nonneg_int, default=0, help="fixes every random choice (weights, order, dropout, augmentation)")
     g.add_argument("--resume", default=None,
-                   help="resume from a full checkpoint (model_checkpoint, step or preemption checkpoints): state "
-                        "(counters, best values, learning rate, RNG, split) comes from it, configuration from the "
-                        "flags; it may come from another number of replicas")
+                   help="resume from a full checkpoint (model_checkpoint, step or preemption checkpoints): its state "
+                        "(counters, best values, learning rate, RNG, split) and the flags of its run that this command "
+                        "line does not give; a flag given anew wins (one line for each that changes the restored "
+                        "state); it may come from another number of replicas; not with --weights_and_bias_filename")
     g.add_argument("--checkpoint_dir", default="checkpoints",
                    help="where model_checkpoint, step checkpoints and the SIGTERM/SIGUSR1 checkpoint write "
                         "(created by the first checkpoint)")
@@ -150,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--optimizer", dest="optimizer_name", default="sgd", choices=["sgd", "rmsprop", "adam", "nadam", "adamw"])
     g.add_argument("--learning_rate", type=finite_float, default=0.01)
     g.add_argument("--learning_rate_scaling", type=B, default=True,
-                   help="data mode, SGD only: learning rate x replicas (as upstream)")
+                   help="data mode, SGD only: learning rate x replicas when the global batch is --batch_size x "
+                        "replicas (upstream's case); never with --global_batch_size, which fixes the global batch; "
+                        "the rate in force is printed at start when it is not --learning_rate")
     g.add_argument("--momentum", type=finite_float, default=0.9)
     g.add_argument("--decay", type=finite_float, default=0.0, help="L2 weight decay added to the gradient; for adamw the decoupled weight decay "
                         "(w -= lr x decay x w, outside the moments, PyTorch's weight_decay)")
@@ -242,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("tracing")
     g.add_argument("--tracing", type=B, default=False, help="record a per-replica timeline")
-    g.add_argument("--tracer_output", default="", help="Chrome-trace JSON file of the timeline (default trace.json)")
+    g.add_argument("--tracer_output", default="trace.json", help="Chrome-trace JSON file of the timeline (--tracing true)")
     g.add_argument("--profile", type=B, default=False, help="cProfile of rank 0's training, printed at the end")
     g.add_argument("--progress_bar", type=B, default=True,
                    help="progress on rank 0's stderr: a tqdm bar on a terminal, else a plain line every 10 s")
@@ -253,6 +258,37 @@ def parse_args(argv=None):
     return build_parser().parse_args(argv)
 
 
+def parse_command_line(argv=None):
+    """(flags, the names of those the command line gave). Under a launcher of several processes every rank
+    then agrees that all were started with the same flags (`config_checks.agree_on_flags`): a rank whose
+    flags do not parse, or that was given others (an MPMD launch, a per-node job script), stops every rank
+    with one line."""
+    from pydtnn import config_checks
+    error = p = None
+    given = frozenset()
+    try:
+        p = parse_args(argv)
+        given = config_checks.given_flags(build_parser, argv)
+    except ConfigError as e:
+        error = e
+    world = _world_for_agreement()
+    if world is not None:
+        config_checks.agree_on_flags(world, build_parser(), p, error)
+    elif error is not None:
+        raise error
+    return p, given
+
+
+def _world_for_agreement():
+    """MPI's COMM_WORLD under a launcher of several processes (MPI starts here then), else None."""
+    from pydtnn.parallel import launcher
+    if not launcher.launched_with_many_processes():
+        return None
+    from pydtnn.parallel.comm import MPIComm
+    world = MPIComm().comm
+    return world if world.Get_size() > 1 else None
+
+
 def _print_params(p, comm_size):
     rows = [(k, v) for k, v in sorted(vars(p).items())]
     width = max(len(k) for k, _ in rows)
@@ -261,10 +297,19 @@ def _print_params(p, comm_size):
         print(f"  {k.ljust(width)}  {v}")
 
 
-def run(p):
-    """Everything after parsing. Raises PyDTNNError for the user's mistakes."""
+def run(p, given=None):
+    """Everything after parsing. Raises PyDTNNError for the user's mistakes. ``given``: the names of the
+    flags the command line gave (None: every attribute of ``p`` counts as given).
+
+    Every check of the flags runs before any work and before the banner. Work that each rank does on its
+    own (its device, its copy of the dataset and the model, the weights or checkpoint it reads) runs in
+    blocks that end in one collective (`raise_together`), so that a mistake only one rank sees stops every
+    rank at once with one line."""
+    from pydtnn import config_checks
     from pydtnn.parallel import launcher
-    from pydtnn.parallel.comm import make_comm
+    from pydtnn.parallel.comm import make_comm, raise_together
+    given = frozenset(vars(p)) if given is None else frozenset(given)
+    config_checks.check_combinations(p)
     if p.enable_nccl and p.parallel != "data":
         raise ConfigError("--enable_nccl needs --parallel data")
     comm = make_comm("auto") if p.parallel == "data" else make_comm("serial")
@@ -274,97 +319,52 @@ def run(p):
     from pydtnn.parallel.threads import apply_threads
     threads, threads_why = apply_threads(p.threads_per_replica, comm)
     threads_all = [int(t) for t in comm.allgather(float(threads))]
+    P, rank = comm.size, comm.rank
 
+    resume_lines, anew = [], set()
+    if p.resume:          # the checkpoint's run gives the flags this command line does not
+        from pydtnn.checkpoint import read_meta
+        _, anew, resume_lines = raise_together(
+            comm, lambda: config_checks.merge_resumed_flags(build_parser(), p, given, read_meta(p.resume)["flags"],
+                                                            p.resume),
+            "another rank could not read its --resume checkpoint")
+        if P > 1:
+            config_checks.agree_on_flags(comm.comm, build_parser(), p,
+                                         what="resumed from checkpoints of runs with")
     _check_outputs(p, comm)
+    rate, rate_why = config_checks.learning_rate_in_force(p, P)
+    config_checks.check_schedules(p, rate, rate_why)
 
     import numpy as np
     np.seterr(all="ignore")        # overflow on the way to a NaN loss is reported once, by the trainer
-    from pydtnn.datasets import KNOWN_SHAPES, load_dataset
-    from pydtnn.model import Model
-    from pydtnn.models import build_model, default_input_shape
     from pydtnn.optimizers import get_optimizer
-    from pydtnn.parallel import balance
-    from pydtnn.schedulers import make_schedulers
+    from pydtnn.schedulers import check_metrics, make_schedulers
     from pydtnn.trainer import Trainer
 
-    P, rank = comm.size, comm.rank
     devices = [("gpu" if p.enable_gpu else "cpu")] * P
     if p.devices:
         devices = [d.strip().lower() for d in p.devices.split(",")]
         if len(devices) != P or any(d not in ("cpu", "gpu") for d in devices):
             raise ConfigError(f"--devices needs one of cpu/gpu per replica ({P}), got {p.devices!r}")
-    backend = devices[rank]
-    if p.enable_nccl and P > 1:
-        if any(d != "gpu" for d in devices):
-            raise ConfigError("--enable_nccl needs every replica on a GPU; mixed --devices reduce through MPI")
-        comm = make_comm("nccl")
-    from pydtnn.backends import get_backend
+    if p.enable_nccl and P > 1 and any(d != "gpu" for d in devices):
+        raise ConfigError("--enable_nccl needs every replica on a GPU; mixed --devices reduce through MPI")
     if p.enable_conv_winograd and p.conv_algorithm == "direct":
         raise ConfigError("--enable_conv_winograd true contradicts --conv_algorithm direct")
-    options = ({"precision": p.precision, "auto_conv_alg": p.enable_cudnn_auto_conv_alg} if backend == "gpu" else
-               {"conv_algorithm": "winograd" if p.enable_conv_winograd else p.conv_algorithm})
-    model = Model(backend=get_backend(backend, p.dtype, p.seed, **options), seed=p.seed)
-    model.backend.seed(p.seed * 1000003 + rank)          # dropout: an independent stream per replica
-
-    if (p.model_name.endswith(".py") or os.sep in p.model_name) and not os.path.isfile(p.model_name):
-        raise ConfigError(f"--model {p.model_name}: no such file")
-    synthetic = p.dataset_name == "synthetic" or p.use_synthetic_data
-    if synthetic:
-        if p.dataset_name != "synthetic":
-            shape, ncls = KNOWN_SHAPES[p.dataset_name]
-        elif os.path.isfile(p.model_name):
-            shape, ncls = None, None
-        else:
-            shape, ncls = default_input_shape(p.model_name), None
-        build_model(p.model_name, model, nclasses=ncls, input_shape=shape)
-        if p.synthetic_samples:
-            from pydtnn.limits import check_fits, dataset_bytes
-            check_fits(dataset_bytes(p.synthetic_samples, model.input_shape),
-                       f"--synthetic_samples {p.synthetic_samples}", "lower --synthetic_samples")
-        dataset = load_dataset("synthetic", input_shape=model.input_shape, nclasses=model.output_shape[0],
-                               synthetic_samples=p.synthetic_samples, seed=p.seed,
-                               validation_split=p.validation_split, test_as_validation=p.test_as_validation,
-                               normalize=p.normalize, flip_images=p.flip_images, flip_images_prob=p.flip_images_prob,
-                               crop_images=p.crop_images, crop_images_size=p.crop_images_size,
-                               crop_images_prob=p.crop_images_prob)
-    else:
-        if p.download:
-            _download_on_rank0(p, comm)
-        dataset = load_dataset(p.dataset_name, train_path=p.dataset_train_path, test_path=p.dataset_test_path,
-                               validation_split=p.validation_split, test_as_validation=p.test_as_validation,
-                               normalize=p.normalize, flip_images=p.flip_images, flip_images_prob=p.flip_images_prob,
-                               crop_images=p.crop_images, crop_images_size=p.crop_images_size,
-                               crop_images_prob=p.crop_images_prob, seed=p.seed)
-        build_model(p.model_name, model, nclasses=dataset.nclasses,
-                    input_shape=None if os.path.isfile(p.model_name) else dataset.input_shape)
-    if tuple(model.input_shape) != tuple(dataset.input_shape):
-        raise ConfigError(f"model {p.model_name} takes inputs {model.input_shape} but dataset {p.dataset_name} "
-                          f"has {dataset.input_shape}")
-    if model.output_shape[0] != dataset.nclasses:
-        raise ConfigError(f"model {p.model_name} has {model.output_shape[0]} outputs but dataset "
-                          f"{p.dataset_name} has {dataset.nclasses} classes")
-
-    # global batch and its split
     if p.replica_speeds and not (p.parallel == "data" and p.balance == "static"):
         raise ConfigError("--replica_speeds is used by --parallel data --balance static only")
-    if p.parallel == "data":
-        B = p.global_batch_size or p.batch_size * P
-        caps = balance.caps_for(p.max_local_batch, P)
-        if p.balance == "static" and p.replica_speeds:
-            if len(p.replica_speeds) != P:
-                raise ConfigError(f"--replica_speeds has {len(p.replica_speeds)} values for {P} replicas")
-            sizes = balance.partition(B, p.replica_speeds, caps)
-        else:
-            sizes = balance.partition(B, [1.0] * P, caps)
-    else:
-        B = p.global_batch_size or p.batch_size
-        caps = balance.caps_for(p.max_local_batch, 1)
-        sizes = balance.partition(B, [1.0], caps)
-    _check_batch_fits(model, sizes, len(dataset.train), p)
+    if p.parallel == "data" and p.balance == "static" and p.replica_speeds and len(p.replica_speeds) != P:
+        raise ConfigError(f"--replica_speeds has {len(p.replica_speeds)} values for {P} replicas")
+    if p.emulate_speeds and len(p.emulate_speeds) != P:
+        raise ConfigError(f"--emulate_speeds has {len(p.emulate_speeds)} values for {P} replicas")
+    if p.download:
+        _download_on_rank0(p, comm)
+    local = raise_together(comm, lambda: _build_local(p, devices, P, rank),
+                           "another rank could not set up its device, model or data")
+    model, dataset, B, sizes, caps = local.model, local.dataset, local.global_batch, local.sizes, local.caps
+    if p.enable_nccl and P > 1:
+        comm = make_comm("nccl")
     emulate, emulate_spin, emulate_reference = 1.0, False, ()
     if p.emulate_speeds:
-        if len(p.emulate_speeds) != P:
-            raise ConfigError(f"--emulate_speeds has {len(p.emulate_speeds)} values for {P} replicas")
         emulate = p.emulate_speeds[rank] / max(p.emulate_speeds)
         emulate_reference = [i for i, f in enumerate(p.emulate_speeds) if f == max(p.emulate_speeds)]
         # busy-wait where the node's cores hold every rank's threads (a sleep slows what follows it)
@@ -372,21 +372,17 @@ def run(p):
         node = node_core_sets(comm)
         emulate_spin = len(node) * threads <= len(set().union(*node))
 
-    lr = p.learning_rate
-    if p.parallel == "data" and p.learning_rate_scaling and p.optimizer_name == "sgd":
-        lr *= P
-    optimizer = get_optimizer(p.optimizer_name, learning_rate=lr, momentum=p.momentum, nesterov=p.nesterov,
+    optimizer = get_optimizer(p.optimizer_name, learning_rate=rate, momentum=p.momentum, nesterov=p.nesterov,
                               decay=p.decay, rho=p.rho, beta1=p.beta1, beta2=p.beta2, epsilon=p.epsilon)
     metrics = [m.strip() for m in p.metrics.split(",") if m.strip()]
     has_val = dataset.val is not None
     schedulers = make_schedulers(p.lr_schedulers_names, p)
-    from pydtnn.schedulers import check_metrics
     check_metrics(schedulers, {"loss", *metrics}, has_val)
     if not has_val:
         metric_driven = [s for s in schedulers if getattr(s, "metric", "").startswith("val_")
                          and s.name != "model_checkpoint"]
         schedulers = [s for s in schedulers if s not in metric_driven]
-    tracer_output = (p.tracer_output or "trace.json") if p.tracing else None
+    tracer_output = p.tracer_output if p.tracing else None
 
     from pydtnn.losses import get_loss
     loss = get_loss(p.loss_func, label_smoothing=p.label_smoothing)
@@ -400,17 +396,28 @@ def run(p):
                       save_steps=p.model_checkpoint_save_steps, save_minutes=p.model_checkpoint_save_minutes,
                       handle_signals=True, clip_grad_norm=p.clip_grad_norm,
                       sync_batchnorm=p.sync_batchnorm and p.parallel == "data", max_local_batch=caps)
-    if p.weights_and_bias_filename:
-        from pydtnn.checkpoint import load_weights
-        load_weights(p.weights_and_bias_filename, model)
-    if p.resume:
-        # a measured split (probe or dynamic) continues from the checkpoint; one given by flags is the flags'
-        trainer.resume(p.resume, keep_split=p.balance == "dynamic" or (p.balance == "static" and not p.replica_speeds))
+    def restore():
+        if p.weights_and_bias_filename:
+            from pydtnn.checkpoint import load_weights
+            load_weights(p.weights_and_bias_filename, model)
+        if p.resume:
+            # a measured split (probe or dynamic) continues from the checkpoint; one given by flags is the flags'
+            trainer.resume(p.resume, keep_split=p.balance == "dynamic" or (p.balance == "static" and not p.replica_speeds),
+                           learning_rate=rate if "learning_rate" in anew else None,
+                           restore_optimizer="optimizer_name" not in anew)
+    raise_together(comm, restore, "another rank could not read its weights or checkpoint")
     if p.parallel == "data" and p.balance == "static" and not p.replica_speeds and not trainer.restored_split:
         trainer.sizes = _probe_sizes(trainer, B, P, caps)
 
     if rank == 0:
         _print_params(p, P)
+        for line in resume_lines:
+            print(line)
+        in_force = trainer.optimizer.learning_rate
+        if p.resume and in_force != rate:
+            print(f"learning rate in force: {in_force:g} (restored from the checkpoint {p.resume})")
+        elif rate_why:
+            print(f"learning rate in force: {rate:g} ({rate_why})")
         print(model.summary())
         print(f"threads per replica: {', '.join(map(str, threads_all))} ({threads_why})")
         if "gpu" in devices:
@@ -418,8 +425,8 @@ def run(p):
                                                               else " (strict, no TF32)"))
         if p.parallel == "data":
             print(f"global batch {B} split as {trainer.sizes} (balance {p.balance}, weighting {p.gradient_weighting})")
-        if backend == "cpu":
-            print(f"CPU convolutions: {options['conv_algorithm']}")
+        if devices[0] == "cpu":
+            print(f"CPU convolutions: {local.options['conv_algorithm']}")
         for flag in ("enable_conv_gemm", "enable_memory_cache"):
             if getattr(p, flag):
                 print(f"note: --{flag} is accepted for upstream's job scripts and has no effect")
@@ -430,9 +437,9 @@ def run(p):
 
     test = dataset.test
     if p.evaluate_only:
-        _print_eval(trainer, test or dataset.val, "evaluation", rank)
+        _print_eval(trainer, test, "evaluation", rank)
         return 0
-    if p.evaluate_on_train and test is not None:
+    if p.evaluate_on_train:
         _print_eval(trainer, test, "test before training", rank)
     from pydtnn.errors import OutputError
     from pydtnn.trainer import Preempted
@@ -448,11 +455,10 @@ def run(p):
     except Preempted as e:                 # every rank stopped after the same step (agreed in the step's allreduce)
         from pydtnn.parallel import shutdown
         shutdown.end_job(EXIT_PREEMPTED, f"pydtnn: {e}")
-    except OutputError:
-        if trainer.finished:        # only the trace failed: the trained weights are still saved
-            _save_final_weights(p, model, comm)
-        raise
-    if p.evaluate_on_train and test is not None:
+    except OutputError as e:
+        # an output failed after a whole step (a history row, a checkpoint, the trace): the weights are whole
+        raise OutputError(f"{e}{_rescue_weights(p, model, comm)}") from None
+    if p.evaluate_on_train:
         _print_eval(trainer, test, "test after training", rank)
     _save_final_weights(p, model, comm)
     if rank == 0:
@@ -460,6 +466,71 @@ def run(p):
             print(line)
     comm.barrier()
     return 0
+
+
+def _build_local(p, devices, P, rank):
+    """What each rank builds on its own, without communicating: its backend, the model, its copy of the
+    dataset, the split of the global batch; and the checks that need them."""
+    import types
+
+    from pydtnn import config_checks
+    from pydtnn.backends import get_backend
+    from pydtnn.datasets import KNOWN_SHAPES, load_dataset
+    from pydtnn.model import Model
+    from pydtnn.models import build_model, default_input_shape
+    from pydtnn.parallel import balance
+    backend = devices[rank]
+    options = ({"precision": p.precision, "auto_conv_alg": p.enable_cudnn_auto_conv_alg} if backend == "gpu" else
+               {"conv_algorithm": "winograd" if p.enable_conv_winograd else p.conv_algorithm})
+    model = Model(backend=get_backend(backend, p.dtype, p.seed, **options), seed=p.seed)
+    model.backend.seed(p.seed * 1000003 + rank)          # dropout: an independent stream per replica
+
+    if (p.model_name.endswith(".py") or os.sep in p.model_name) and not os.path.isfile(p.model_name):
+        raise ConfigError(f"--model {p.model_name}: no such file")
+    augmentation = dict(validation_split=p.validation_split, test_as_validation=p.test_as_validation,
+                        normalize=p.normalize, flip_images=p.flip_images, flip_images_prob=p.flip_images_prob,
+                        crop_images=p.crop_images, crop_images_size=p.crop_images_size,
+                        crop_images_prob=p.crop_images_prob)
+    if p.dataset_name == "synthetic" or p.use_synthetic_data:
+        if p.dataset_name != "synthetic":
+            shape, ncls = KNOWN_SHAPES[p.dataset_name]
+        elif os.path.isfile(p.model_name):
+            shape, ncls = None, None
+        else:
+            shape, ncls = default_input_shape(p.model_name), None
+        build_model(p.model_name, model, nclasses=ncls, input_shape=shape)
+        if p.synthetic_samples:
+            from pydtnn.limits import check_fits, dataset_bytes
+            check_fits(dataset_bytes(p.synthetic_samples, model.input_shape),
+                       f"--synthetic_samples {p.synthetic_samples}", "lower --synthetic_samples")
+        dataset = load_dataset("synthetic", input_shape=model.input_shape, nclasses=model.output_shape[0],
+                               synthetic_samples=p.synthetic_samples, seed=p.seed, **augmentation)
+    else:
+        dataset = load_dataset(p.dataset_name, train_path=p.dataset_train_path, test_path=p.dataset_test_path,
+                               seed=p.seed, **augmentation)
+        build_model(p.model_name, model, nclasses=dataset.nclasses,
+                    input_shape=None if os.path.isfile(p.model_name) else dataset.input_shape)
+    if tuple(model.input_shape) != tuple(dataset.input_shape):
+        raise ConfigError(f"model {p.model_name} takes inputs {model.input_shape} but dataset {p.dataset_name} "
+                          f"has {dataset.input_shape}")
+    if model.output_shape[0] != dataset.nclasses:
+        raise ConfigError(f"model {p.model_name} has {model.output_shape[0]} outputs but dataset "
+                          f"{p.dataset_name} has {dataset.nclasses} classes")
+
+    # the global batch and its split
+    if p.parallel == "data":
+        B = p.global_batch_size or p.batch_size * P
+        caps = balance.caps_for(p.max_local_batch, P)
+        speeds = p.replica_speeds if p.balance == "static" and p.replica_speeds else [1.0] * P
+    else:
+        B = p.global_batch_size or p.batch_size
+        caps = balance.caps_for(p.max_local_batch, 1)
+        speeds = [1.0]
+    config_checks.check_against_data(p, dataset, B)
+    sizes = balance.partition(B, speeds, caps)
+    _check_batch_fits(model, sizes, len(dataset.train), p)
+    return types.SimpleNamespace(model=model, dataset=dataset, global_batch=B, sizes=sizes, caps=caps,
+                                 options=options)
 
 
 def _check_outputs(p, comm):
@@ -471,7 +542,7 @@ def _check_outputs(p, comm):
         check_output_file(p.history_file, "--history_file")
         check_output_file(p.save_weights_and_bias_filename, "--save_weights_and_bias_filename")
         if p.tracing:
-            check_output_file(p.tracer_output or "trace.json", "--tracer_output")
+            check_output_file(p.tracer_output, "--tracer_output")
         # only checked: it is created by the first checkpoint (a run that writes none leaves no folder)
         check_output_dir(p.checkpoint_dir, "--checkpoint_dir", create=False)
     raise_together(comm, check, "rank 0 cannot write an output path", rank0_only=True)
@@ -509,6 +580,19 @@ def _save_final_weights(p, model, comm):
     raise_together(comm, save, "rank 0 could not write the final weights", rank0_only=True)
 
 
+def _rescue_weights(p, model, comm):
+    """After an output failed during training, the weights still go to --save_weights_and_bias_filename (or
+    its fall-back, --checkpoint_dir/final_weights.npz); returns what to add to the error's line."""
+    from pydtnn.errors import OutputError
+    if not p.save_weights_and_bias_filename:
+        return ""
+    try:
+        _save_final_weights(p, model, comm)
+    except OutputError as e:
+        return f"; {e}"
+    return f"; the trained weights were saved to {p.save_weights_and_bias_filename}"
+
+
 def _download_on_rank0(p, comm):
     """Only rank 0 downloads (two writers of one .part file would corrupt it); the others wait for it."""
     from pydtnn.datasets import load_dataset
@@ -524,8 +608,10 @@ def _probe_sizes(trainer, B, P, caps=None):
     from pydtnn.parallel import balance
     model = trainer.model
     b = max(1, min(B // P, min(caps) if caps else B))
+    from pydtnn.parallel.comm import raise_together
     idx = trainer.dataset.train.epoch_order(trainer.seed, 0)[:b]
-    x, labels = trainer.dataset.train.take(idx)
+    x, labels = raise_together(trainer.comm, lambda: trainer.dataset.train.take(idx),
+                               "another rank could not read the speed probe's samples")
     y = one_hot(labels, trainer.nclasses, model.dtype)
     step = lambda: trainer._local_gradients(x, y, 1.0, overlap=False)
     with trainer.side_passes():       # each rank times its own number of steps: no BatchNorm collectives
@@ -539,8 +625,6 @@ def _probe_sizes(trainer, B, P, caps=None):
 
 
 def _print_eval(trainer, split, what, rank):
-    if split is None:
-        raise ConfigError(f"{what}: the dataset has no test split")
     results = trainer.evaluate(split)
     if rank == 0:
         print(f"{what}: " + ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
@@ -551,8 +635,8 @@ def main(argv=None) -> int:
     # a log file or a launcher's pipe gets whole lines, in order, as they happen
     getattr(sys.stdout, "reconfigure", lambda **kw: None)(line_buffering=True)
     try:
-        p = parse_args(argv)
-        return run(p)
+        p, given = parse_command_line(argv)
+        return run(p, given)
     except PyDTNNError as e:
         shutdown.exit_on_user_error(e)
     except KeyboardInterrupt:

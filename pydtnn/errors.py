@@ -32,3 +32,14 @@ class NumericalError(PyDTNNError):
 
 class OutputError(PyDTNNError):
     """An output file or folder cannot be written (the message names it and the cause)."""
+
+
+# Numbered for `pydtnn.parallel.comm.agree_on_error`: ranks tell each other which kind of error they met.
+ERROR_CLASSES = (PyDTNNError, ShapeError, ConfigError, DatasetError, CheckpointError, NumericalError, OutputError)
+
+
+def error_code(error) -> int:
+    """0 for no error, else 1 + the index of its class in ERROR_CLASSES (a subclass counts as its base)."""
+    if error is None:
+        return 0
+    return 1 + max(i for i, cls in enumerate(ERROR_CLASSES) if isinstance(error, cls))

@@ -34,14 +34,14 @@ import numpy as np
 
 from pydtnn.checkpoint import load_checkpoint, save_checkpoint
 from pydtnn.clipping import check_max_norm, clip_by_global_norm
-from pydtnn.errors import CheckpointError, ConfigError, NumericalError, OutputError
+from pydtnn.errors import CheckpointError, ConfigError, NumericalError, OutputError, PyDTNNError
 from pydtnn.layers.batchnorm import BatchNormalization
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
 from pydtnn.model import one_hot
 from pydtnn.outputs import atomic_write
 from pydtnn.parallel import balance
-from pydtnn.parallel.comm import BucketedReducer, SerialComm, raise_together
+from pydtnn.parallel.comm import BucketedReducer, SerialComm, agree_on_error, raise_together
 from pydtnn.parallel.emulation import SpeedEmulator
 from pydtnn.parallel.sync_batchnorm import BatchNormSync
 from pydtnn.prefetch import BatchPrefetcher
@@ -199,9 +199,18 @@ class Trainer:
         x, labels = self.dataset.train.take(indices, epoch=epoch)
         return x, one_hot(labels, self.nclasses, self.model.dtype)
 
+    def _batch(self, indices, epoch, next_indices):
+        """This step's batch, or (when this rank cannot read it: a corrupt shard) zeros of its shape and
+        the error, which the step's stats reduction then makes every rank's."""
+        try:
+            return self.prefetcher.get(indices, epoch, next_indices), None
+        except PyDTNNError as e:
+            shape = (len(indices),) + tuple(self.model.input_shape)
+            return (np.zeros(shape, np.float32), np.zeros((len(indices), self.nclasses), self.model.dtype)), e
+
     def train_step(self, indices, epoch, step_sizes, next_indices=None):
         b_i = len(indices)
-        x, y_host = self.prefetcher.get(indices, epoch, next_indices)
+        (x, y_host), data_error = self._batch(indices, epoch, next_indices)
         y = self.model.backend.asarray(y_host)          # one copy to the device
         step_total = sum(step_sizes)
         weight = b_i / step_total if self.gradient_weighting == "proportional" else 1.0 / self.nreplicas
@@ -221,14 +230,17 @@ class Trainer:
         self.timer.end_step()
         # reported loss and metrics are weighted by b_i whatever the gradient weighting
         local = [value] + [f(y_pred, y) for f in self.metric_fns]
-        stats = np.zeros(len(local) + self.nreplicas + 2)
+        stats = np.zeros(len(local) + self.nreplicas + 3)
         stats[:len(local)] = np.asarray(local) * (b_i / step_total)
         stats[len(local) + self.rank] = self.timer.step_compute_s / b_i
-        # two flags summed with the stats, so every rank takes the same decision after this step:
-        # a signal arrived on some rank; rank 0's clock says a timed checkpoint is due
+        # flags summed with the stats, so every rank takes the same decision after this step: a rank could
+        # not read its batch; a signal arrived on some rank; rank 0's clock says a timed checkpoint is due
+        stats[-3] = 1.0 if data_error is not None else 0.0
         stats[-2] = 1.0 if self._signal is not None else 0.0
         stats[-1] = 1.0 if self.rank == 0 and self._checkpoint_due_by_time() else 0.0
         self.comm.allreduce_sum_(stats)
+        if stats[-3] > 0:
+            agree_on_error(self.comm, data_error, "another rank could not read its batch")
         times = stats[len(local):len(local) + self.nreplicas]
         if self.emulator.active and self.emulate_reference:
             self.emulator.follow(float(np.mean(times[self.emulate_reference])))
@@ -259,7 +271,10 @@ class Trainer:
                         s.on_epoch_end(self, epoch, logs)
                 logs["learning_rate_next"] = self.optimizer.learning_rate
                 self.history.append(logs)
-                self._write_history()
+                try:
+                    self._write_history()
+                except OutputError as e:       # nothing lost: the state after this epoch, then the error
+                    raise OutputError(f"{e}; {self._rescue_checkpoint(epoch + 1, num_epochs)}") from None
                 for s in self.schedulers:
                     if s.saves_files:
                         s.on_epoch_end(self, epoch, logs)
@@ -275,6 +290,16 @@ class Trainer:
                                                                  self.comm if self.nreplicas > 1 else None),
                            "rank 0 could not write the trace")
         return self.history
+
+    def _rescue_checkpoint(self, epochs, num_epochs):
+        """A full checkpoint after `epochs` epochs when an output failed (a collective); what to tell."""
+        path = os.path.join(self.checkpoint_dir, f"epoch_{epochs:04d}_step_000000.npz")
+        try:
+            self.save_checkpoint(path, epochs)
+        except OutputError as e:
+            return f"training stopped after epoch {epochs} of {num_epochs}, and its checkpoint failed too ({e})"
+        return (f"training stopped after epoch {epochs} of {num_epochs}: its checkpoint was written to {path} "
+                f"(continue with --resume {path})")
 
     # --- preemption and checkpoints inside epochs --------------------------------------------------------
     @contextlib.contextmanager
@@ -418,17 +443,24 @@ class Trainer:
         """Loss and metrics over a whole split (inference mode), shared among replicas, weighted by samples."""
         n = len(split)
         mine = np.array_split(np.arange(n), self.nreplicas)[self.rank]
-        sums = np.zeros(2 + len(self.metric_fns))
+        sums = np.zeros(3 + len(self.metric_fns))       # loss, metrics, samples, and a flag: a read failed
+        error = None
         for start in range(0, len(mine), self.eval_batch_size):
             idx = mine[start:start + self.eval_batch_size]
-            x, labels = split.take(idx)
+            try:
+                x, labels = split.take(idx)
+            except PyDTNNError as e:        # this rank's part of a lazily read split (a corrupt shard)
+                error, sums[-1] = e, 1.0
+                break
             y = self.model.backend.asarray(one_hot(labels, self.nclasses, self.model.dtype))
             y_pred = self.model.forward(x, training=False)
             values = [self.loss(y_pred, y)[0]] + [f(y_pred, y) for f in self.metric_fns]
-            sums[:-1] += np.asarray(values) * len(idx)
-            sums[-1] += len(idx)
+            sums[:-2] += np.asarray(values) * len(idx)
+            sums[-2] += len(idx)
         self.comm.allreduce_sum_(sums)
-        return {name: v / max(sums[-1], 1) for name, v in zip(["loss", *self.metric_names], sums[:-1])}
+        if sums[-1] > 0:
+            agree_on_error(self.comm, error, "another rank could not read its part of the evaluation data")
+        return {name: v / max(sums[-2], 1) for name, v in zip(["loss", *self.metric_names], sums[:-2])}
 
     # --- history, checkpoints ---------------------------------------------------------------------------
     def _write_history(self):
@@ -472,14 +504,17 @@ class Trainer:
             save_checkpoint(path, self.model, self.optimizer, json.loads(json.dumps(meta, default=_jsonable)))
         raise_together(self.comm, write, f"rank 0 could not write the checkpoint {path}", rank0_only=True)
 
-    def resume(self, path, keep_split=True):
+    def resume(self, path, keep_split=True, learning_rate=None, restore_optimizer=True):
         """Restore the state of a checkpoint (configuration stays the command line's).
 
         Elastic: a checkpoint of P replicas resumes on Q. The split and a dynamic balancer's measurements
         are kept only when P == Q and the global batch is the same (and, for the split, `keep_split`: it
         was measured, not given by flags); otherwise the caller's split stands and is re-measured.
+        What the caller chose anew wins over the checkpoint: `learning_rate` (the optimizer's rate and the
+        schedulers' base rate), ``restore_optimizer=False`` (another optimizer: only the weights), and a
+        seed other than the checkpoint's (a new data order, and a fresh dropout stream).
         """
-        meta = load_checkpoint(path, self.model, self.optimizer)
+        meta = load_checkpoint(path, self.model, self.optimizer, restore_optimizer=restore_optimizer)
         self.start_epoch, self.start_step = meta["epoch"], meta["step"]
         self.history = list(meta["history"])
         same_layout = meta["nreplicas"] == self.nreplicas and sum(meta["sizes"]) == self.global_batch
@@ -496,7 +531,7 @@ class Trainer:
             if len(part["sums"]) != 1 + len(self.metric_fns):
                 raise CheckpointError(f"checkpoint {path} was written inside an epoch with other --metrics")
             self._partial = part
-        self._restore_rng(meta["rng_states"], path)
+        self._restore_rng(meta["rng_states"], path, meta["seed"])
         if keep_split and same_layout:
             self.sizes = self._within_caps(list(meta["sizes"]))
             self.restored_split = True
@@ -519,6 +554,11 @@ class Trainer:
             else:
                 self.log(f"resume: the dynamic balancer's measurements of {meta['nreplicas']} replica(s) do not "
                          f"apply to {self.nreplicas}; starting from {self.sizes} and re-measuring")
+        if learning_rate is not None:
+            self.optimizer.learning_rate = float(learning_rate)
+            for s in self.schedulers:
+                if getattr(s, "base_lr", None) is not None:
+                    s.base_lr = float(learning_rate)
         return meta
 
     def _within_caps(self, sizes):
@@ -527,7 +567,7 @@ class Trainer:
             return balance.partition(self.global_batch, sizes, self.caps)
         return sizes
 
-    def _restore_rng(self, states, path):
+    def _restore_rng(self, states, path, seed):
         """Every saved RNG state is checked (on every rank, so all fail together); this rank's is restored."""
         rng = self.model.backend.rng
         if not hasattr(rng, "bit_generator"):
@@ -542,8 +582,8 @@ class Trainer:
                                       f"random generator state") from None
         if self.rank < len(states) and states[self.rank] is not None:
             rng.bit_generator.state = states[self.rank]
-        if len(states) != self.nreplicas:
-            # another replica count: dropout streams cannot continue one to one; a fresh stream per rank
+        if len(states) != self.nreplicas or seed != self.seed:
+            # another replica count (or seed): dropout streams cannot continue one to one; a fresh stream per rank
             # that depends on where training resumes (never a replay of epoch 1's masks)
             self.model.backend.seed(self.seed * 1000003 + self.rank + 7919 * (1 + self.start_epoch * 100003
                                                                                + self.start_step))

@@ -164,10 +164,23 @@ def launcher_command(args, data_flags, history, spec: Spec) -> list[str]:
     return cmd + spec.flags
 
 
+def as_typed(cmd) -> str:
+    """A command as a user would type it in the repository (where the runs start): paths inside it relative
+    to it, every path normalized (no `..`)."""
+    out = []
+    for arg in map(str, cmd):
+        if os.path.isabs(arg):
+            arg = os.path.normpath(arg)
+            if Path(arg).is_relative_to(REPO):
+                arg = os.path.relpath(arg, REPO)
+        out.append(arg)
+    return shlex.join(out)
+
+
 def run_one(cmd, log_path, env, timeout) -> float:
     t0 = time.monotonic()
     with open(log_path, "w") as log:
-        log.write("$ " + shlex.join(cmd) + "\n\n")
+        log.write("$ " + as_typed(cmd) + "\n\n")
         log.flush()
         try:
             proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
@@ -578,8 +591,9 @@ def parse_args(argv):
                     help=f"MNIST folder (IDX gz files), or 'synthetic' (default: {DEFAULT_DATA}, the real MNIST "
                          f"test set; 8,000 train / 2,000 held out with --validation_split 0.2)")
     ap.add_argument("--validation_split", type=float, default=0.2)
-    ap.add_argument("--learning_rate", type=float, default=0.01,
-                    help="(a), (b): the launcher's --learning_rate (SGD, scaled by P as upstream)")
+    ap.add_argument("--learning_rate", type=float, default=0.02,
+                    help="(a), (b): the launcher's --learning_rate (SGD; with --global_batch_size the launcher "
+                         "trains at it, unscaled)")
     ap.add_argument("--bn_speeds", type=parse_speeds, default=parse_speeds("1,0.2"),
                     help="(c): relative speeds that set the static split (and the emulation with --bn_emulate)")
     ap.add_argument("--bn_epochs", type=int, default=None, help="(c): epochs per run (default 10; --quick: 2)")
@@ -625,10 +639,11 @@ def data_flags_for(ap, args, notes) -> list[str]:
 
 
 def run_all(args, runs, kinds, data_flags, out, env):
-    """Every planned run; returns the commands, histories, wall seconds and load averages at each start."""
-    from tqdm import tqdm
+    """Every planned run; returns the commands, histories, wall seconds and load averages at each start.
+    Progress as the launcher shows it: a tqdm bar on a terminal, a plain line now and then in a log."""
+    from pydtnn.progress import progress
     commands, histories, wall, loads = {}, {}, {}, []
-    with tqdm(total=len(runs), desc="runs", unit="run", file=sys.stderr) as bar:
+    with progress(total=len(runs), desc="runs", unit="run") as bar:
         for name, kind in runs.items():
             bar.set_postfix_str(f"{name}: {kinds[kind].what}")
             history = out / f"history_{name}.json"
@@ -667,7 +682,8 @@ def main(argv=None):
     L += [f"Parts run: {', '.join(f'({p})' for p in args.parts)}. Global batch B = {B}, "
           + (f"real MNIST test set `{args.data}` (validation split {args.validation_split:g})"
              if args.data != "synthetic" else "synthetic data")
-          + f", seed {args.seed}; the launcher scales the learning rate by P (as upstream)."
+          + f", seed {args.seed}; the global batch is fixed (`--global_batch_size`), so the launcher trains at the "
+            f"given learning rate, unscaled."
           + (f" (a)/(b): emulated speeds {fmt_list(args.speeds)} (`--emulate_speeds`) on {len(args.speeds)} MPI "
              f"ranks, model `{args.model}`, {args.epochs} epochs, SGD learning rate {args.learning_rate:g}."
              if {"a", "b"} & set(args.parts) else "")
@@ -698,7 +714,7 @@ def main(argv=None):
           "```", "python " + shlex.join(["scripts/heterogeneity_experiment.py", *(argv if argv is not None
                                                                                   else sys.argv[1:])]), "```", ""]
     for name, cmd in commands.items():
-        L += [f"{name} ({kinds[runs[name]].what}, {wall[name]:.0f} s):", "", "```", shlex.join(cmd), "```", ""]
+        L += [f"{name} ({kinds[runs[name]].what}, {wall[name]:.0f} s):", "", "```", as_typed(cmd), "```", ""]
     (out / "results.md").write_text("\n".join(L))
     print(f"wrote {out / 'results.md'} and {', '.join(p + '.png' for p in plots)} in {total_s:.0f} s")
     return 0

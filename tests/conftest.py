@@ -26,7 +26,7 @@ def backend_name(request):
 
 
 
-_LAUNCHES = ("run_mpi(", "mpi_command(")
+_LAUNCHES = ("run_mpi(", "run_mpmd(", "mpi_command(")
 
 
 def _launching_functions(module) -> set[str]:

@@ -44,9 +44,25 @@ def run_mpi(nprocs: int, script_path, args=(), timeout: float = 120, env: dict |
     otherwise (``unset`` removes variables), and the repository on PYTHONPATH. On timeout the whole process group is killed and the
     test fails with the captured output; with ``check=True`` a non-zero exit status fails it too.
     """
+    child_env = _child_env(env, unset)
+    return _run(mpi_command(nprocs, _script(script_path), args), timeout, child_env, check)
+
+
+def run_mpmd(programs, timeout: float = 120, env: dict | None = None, check: bool = False):
+    """One MPMD job: ``programs`` is ``[(nprocs, script_path, args), ...]`` (ranks numbered in that order);
+    otherwise as `run_mpi`."""
+    programs = [(n, _script(s), a) for n, s, a in programs]
+    return _run(mpirun.mpmd_command(programs), timeout, _child_env(env, ()), check)
+
+
+def _script(script_path):
     script_path = Path(script_path)
     if not script_path.is_absolute() and not script_path.exists():
         script_path = SCRIPTS / script_path
+    return script_path
+
+
+def _child_env(env, unset):
     child_env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         child_env[var] = "1"
@@ -57,7 +73,11 @@ def run_mpi(nprocs: int, script_path, args=(), timeout: float = 120, env: dict |
         child_env.update({k: str(v) for k, v in env.items()})
     for var in unset:
         child_env.pop(var, None)
-    cmd = mpi_command(nprocs, script_path, args)
+    return child_env
+
+
+def _run(cmd, timeout, child_env, check):
+    find_mpiexec()
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env,
                             cwd=str(REPO_ROOT), start_new_session=True)

@@ -113,6 +113,108 @@ def test_corrupt_and_truncated_files(tmp_path):
     assert r.returncode == 2 and "t10k-images" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def _checkpoint(tmp_path, *extra):
+    """A real epoch-end checkpoint of FAST's model (1 epoch) and the flags it was written with."""
+    folder = tmp_path / "ck"
+    flags = [*FAST, "--lr_schedulers", "model_checkpoint", "--model_checkpoint_save_freq", "1", "--num_epochs", "1",
+             "--checkpoint_dir", folder, *extra]
+    r = launch(*flags)
+    assert r.returncode == 0, r.stderr
+    return folder / "epoch_0001.npz"
+
+
+def _rewrite(src, dst, key, value):
+    with np.load(src) as d:
+        arrays = {k: d[k] for k in d.files}
+    arrays[key] = value
+    np.savez(dst, **arrays)
+    return dst
+
+
+def _bad_files(tmp_path):
+    ck = _checkpoint(tmp_path)
+    np.save(tmp_path / "one.npy", np.ones(3))
+    w = {"strings": np.array(["a", "b"]), "complex": np.ones(2, complex), "nan": np.array([np.nan, 1.0])}
+    return {
+        "weights: an npy file": ("--weights_and_bias_filename", tmp_path / "one.npy", "is a .npy file (one array)"),
+        **{f"weights: {name}": ("--weights_and_bias_filename", _rewrite(ck, tmp_path / f"w_{name}.npz",
+                                                                       "conv2d/weights", v), f"array 'conv2d/weights' holds")
+           for name, v in w.items()},
+        "resume: an npy file": ("--resume", tmp_path / "one.npy", "is a .npy file (one array)"),
+        **{f"resume: {name}": ("--resume", _rewrite(ck, tmp_path / f"ck_{name}.npz", "conv2d/weights", v),
+                               "array 'conv2d/weights' holds") for name, v in w.items()},
+    }
+
+
+def test_bad_weight_and_checkpoint_files_are_one_line_naming_the_file_and_the_array(tmp_path):
+    cases = _bad_files(tmp_path)
+    for case, (flag, path, needle) in cases.items():
+        r = launch(*FAST, flag, path)
+        lines = [l for l in r.stderr.splitlines() if l.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, (case, r.stderr)
+        assert lines[0].startswith("pydtnn: error:") and str(path) in lines[0] and needle in lines[0], (case, lines)
+        assert "Warning" not in r.stderr, (case, r.stderr)          # a complex array is refused, not cast
+        assert r.stdout == "", (case, r.stdout)                         # refused before the banner
+
+
+BEFORE_WORK = {   # mistakes in the flags: one line with nothing before it, not even the banner
+    "evaluate without a test split": (["--evaluate", "true"], "no test split"),
+    "evaluate_only without a test split": (["--evaluate_only", "true"], "no test split"),
+    "batch larger than the data": (["--batch_size", "100000"],
+                                   "--batch_size 100000: a global batch of 100000 samples is larger than the 256 "
+                                   "training samples"),
+    "cosine min_lr above the rate": (["--lr_schedulers", "cosine", "--cosine_min_lr", "1.0"],
+                                     "cosine: min_lr must be in [0, 0.01] (the learning rate), got 1"),
+    "resume and a weights file": (["--resume", "ck.npz", "--weights_and_bias_filename", "w.npz"],
+                                  "give one of the two"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BEFORE_WORK))
+def test_mistakes_in_the_flags_are_refused_before_any_work(case, tmp_path):
+    args, needle = BEFORE_WORK[case]
+    if "test split" in needle:          # MNIST from a folder of the test files alone: no test split
+        args = ["--dataset", "mnist", "--dataset_train_path", os.path.join(REPO, "tests", "data", "mnist-t10k"),
+                "--model", "simplemlp", *args]
+    r = launch(*FAST, *args, cwd=tmp_path)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], (r.returncode, r.stderr)
+    assert r.stdout == "" and os.listdir(tmp_path) == [], r.stdout
+
+
+def test_evaluate_without_a_test_split_is_the_same_line_for_both_flags():
+    mnist = ["--dataset", "mnist", "--dataset_train_path", os.path.join(REPO, "tests", "data", "mnist-t10k"),
+             "--model", "simplemlp"]
+    lines = {launch(*FAST, *mnist, flag, "true").stderr.strip() for flag in ("--evaluate", "--evaluate_only")}
+    assert len(lines) == 1, lines
+
+
+def test_resume_explicit_flags_win_and_the_others_come_from_the_checkpoint(tmp_path):
+    ck = _checkpoint(tmp_path, "--seed", "3", "--learning_rate", "0.02", "--momentum", "0.5")
+    base = FAST[:-2]                 # without --lr_schedulers: the checkpoint's (model_checkpoint)
+    # nothing but --resume and --num_epochs: seed, rate and momentum are the checkpoint's run's
+    r = launch(*base, "--resume", ck, "--num_epochs", "2", "--checkpoint_dir", tmp_path / "a",
+               "--history_file", tmp_path / "a.csv")
+    assert r.returncode == 0, r.stderr
+    params = dict(l.split(None, 1) for l in r.stdout.splitlines() if l.startswith("  ") and len(l.split()) == 2)
+    assert params["seed"] == "3" and params["learning_rate"] == "0.02" and params["momentum"] == "0.5", params
+    assert "resume:" not in r.stdout and "learning rate in force" not in r.stdout
+    # an explicit rate wins over the checkpoint's, with one line, and trains at it
+    r = launch(*base, "--resume", ck, "--num_epochs", "2", "--learning_rate", "0.05", "--checkpoint_dir",
+               tmp_path / "b", "--history_file", tmp_path / "b.csv")
+    assert r.returncode == 0, r.stderr
+    lines = [l for l in r.stdout.splitlines() if l.startswith("resume:")]
+    assert lines == ["resume: --learning_rate 0.05 instead of the checkpoint's 0.02: training continues at the new "
+                     "rate, not at the checkpoint's"], r.stdout
+    rows = (tmp_path / "b.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    assert float(rows[2].split(",")[header.index("learning_rate")]) == 0.05        # epoch 2 trained at it
+    # another optimizer: the weights are restored, its state starts afresh
+    r = launch(*base, "--resume", ck, "--num_epochs", "2", "--optimizer", "adam", "--checkpoint_dir", tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    assert "resume: --optimizer adam instead of the checkpoint's sgd: the weights are restored" in r.stdout
+
+
 def test_checkpoint_of_another_model_is_rejected(tmp_path):
     other = _other_model_weights(tmp_path)
     r = launch(*FAST, "--weights_and_bias_filename", other)

@@ -167,3 +167,40 @@ def test_rank_killed_mid_training_ends_the_job(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
     assert elapsed < 30, elapsed
+
+
+# The README's 3-rank example (its flags, on a small model and synthetic data, in float64): default flags,
+# learning-rate scaling included, so P heterogeneous replicas equal one process on the same global batch.
+README_EXAMPLE = ["--parallel", "data", "--global_batch_size", "96", "--balance", "static", "--replica_speeds",
+                  "1,2,3", "--num_epochs", "2", "--learning_rate", "0.1", "--validation_split", "0.1"]
+SMALL = ["--model", "simplecnn", "--dataset", "synthetic", "--synthetic_samples", "240", "--dtype", "float64",
+         "--seed", "5", "--progress_bar", "false"]
+
+
+def test_readme_example_with_default_flags_equals_one_process_on_the_global_batch(tmp_path):
+    readme = open(REPO_ROOT / "README.md").read()
+    for flags in ("--parallel data --global_batch_size 96 --balance static", "--replica_speeds 1,2,3",
+                  "--learning_rate 0.1 --validation_split 0.1"):
+        assert flags in readme, flags                      # the example still reads so
+    seq, par = tmp_path / "seq.npz", tmp_path / "par.npz"
+    r1 = run_mpi(1, LAUNCHER, SMALL + ["--batch_size", "96", "--num_epochs", "2", "--learning_rate", "0.1",
+                                       "--validation_split", "0.1", "--save_weights_and_bias_filename", seq],
+                 timeout=300)
+    assert r1.returncode == 0, r1.stdout + r1.stderr
+    r3 = run_mpi(3, LAUNCHER, SMALL + README_EXAMPLE + ["--save_weights_and_bias_filename", par], timeout=300)
+    assert r3.returncode == 0, r3.stdout + r3.stderr
+    assert "split as [16, 32, 48]" in r3.stdout
+    assert "learning rate in force" not in r3.stdout             # the flag's rate, as printed with the flags
+    a, b = np.load(seq), np.load(par)
+    assert sorted(a.files) == sorted(b.files) and len(a.files) >= 4
+    for k in a.files:
+        assert np.allclose(a[k], b[k], rtol=1e-10, atol=1e-12), k
+
+
+def test_linear_scaling_applies_when_the_global_batch_grows_with_the_replicas_and_says_so():
+    r = run_mpi(3, LAUNCHER, SMALL + ["--parallel", "data", "--batch_size", "16", "--num_epochs", "1",
+                                      "--learning_rate", "0.1", "--lr_schedulers", ""], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = [l for l in r.stdout.splitlines() if l.startswith("learning rate in force")]
+    assert line == ["learning rate in force: 0.3 (--learning_rate 0.1 x 3 replicas: linear scaling, as the global "
+                    "batch is --batch_size 16 x 3; --learning_rate_scaling false keeps 0.1)"], r.stdout

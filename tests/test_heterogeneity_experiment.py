@@ -86,3 +86,18 @@ def test_quick_run_of_every_part_writes_tables_and_plots(tmp_path):
     for name in ("epoch_time", "weighting", "batchnorm"):
         png = (out / f"{name}.png").read_bytes()
         assert png.startswith(b"\x89PNG") and len(png) > 10_000, name
+
+    # a log, not a terminal: progress as whole lines (the launcher's rule), no carriage-return redraws
+    assert "\r" not in r.stderr and "\r" not in r.stdout
+    # commands as a user types them in the repository: relative paths inside it, none with '..'
+    commands = [l for l in text.split("## Commands", 1)[1].splitlines() if "pydtnn_benchmark.py" in l]
+    assert commands and all(" scripts/pydtnn_benchmark.py " in c and ".." not in c and str(REPO) not in c
+                            for c in commands), commands
+
+
+def test_commands_are_written_as_typed():
+    he = load_script()
+    cmd = [str(REPO / ".venv" / "bin" / ".." / "bin" / "mpiexec"), "-n", "2", "/usr/bin/../bin/python", "-m",
+           "mpi4py", str(REPO / "scripts" / "pydtnn_benchmark.py"), "--lr_schedulers", "", "--model", "a b"]
+    assert he.as_typed(cmd) == (".venv/bin/mpiexec -n 2 /usr/bin/python -m mpi4py scripts/pydtnn_benchmark.py "
+                                "--lr_schedulers '' --model 'a b'")

@@ -132,13 +132,27 @@ def _main(argv, capsys):
     return e.value.code, [l for l in err.splitlines() if l.strip()]
 
 
-def test_full_disk_on_history_is_one_line_and_leaves_no_tmp(tmp_path, monkeypatch, capsys):
+def test_a_batch_whose_activations_cannot_fit_is_refused_before_allocating(monkeypatch, capsys):
+    from pydtnn import limits
+    monkeypatch.setattr(limits, "physical_memory", lambda: 2 ** 20)          # a machine of 1 MiB
+    code, lines = _main([*HP, "--num_epochs", "1"], capsys)
+    assert code == 2 and len(lines) == 1
+    assert "a local batch of 32 samples of simplecnn needs about" in lines[0] and "lower --batch_size" in lines[0]
+
+
+def test_full_disk_on_history_is_one_line_and_keeps_the_trained_state(tmp_path, monkeypatch, capsys):
     _fail_writes_of(monkeypatch, ".csv")
-    code, lines = _main([*SEQ, "--num_epochs", "2", "--history_file", tmp_path / "h.csv",
-                         "--checkpoint_dir", tmp_path / "ck"], capsys)
-    assert code == 2
-    assert lines[-1] == f"pydtnn: error: cannot write {tmp_path / 'h.csv'}: No space left on device"
+    ckpt = tmp_path / "ck" / "epoch_0001_step_000000.npz"
+    code, lines = _main([*SEQ, "--num_epochs", "2", "--history_file", tmp_path / "h.csv", "--checkpoint_dir",
+                         tmp_path / "ck", "--save_weights_and_bias_filename", tmp_path / "w.npz"], capsys)
+    assert code == 2 and len(lines) == 1
+    assert lines[0] == (f"pydtnn: error: cannot write {tmp_path / 'h.csv'}: No space left on device; training "
+                        f"stopped after epoch 1 of 2: its checkpoint was written to {ckpt} (continue with --resume "
+                        f"{ckpt}); the trained weights were saved to {tmp_path / 'w.npz'}")
     assert no_tmp(tmp_path) and not (tmp_path / "h.csv").exists()
+    assert meta_of(ckpt)["epoch"] == 1 and len(meta_of(ckpt)["history"]) == 1
+    with np.load(tmp_path / "w.npz") as w, np.load(ckpt) as c:          # the same trained weights
+        assert all(np.array_equal(w[k], c[k]) for k in w.files)
 
 
 def test_full_disk_on_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch, capsys):
@@ -410,9 +424,11 @@ BAD_FLAGS = {
     "stop_at_loss always reached": (["--lr_schedulers", "stop_at_loss"], "(0, 1]"),
     "negative seed": (["--seed", "-1"], "--seed"),
     "no such model file": (["--model", "/no/such/file.py"], "no such file"),
-    "batch that cannot fit": (["--batch_size", "10000000000", "--steps_per_epoch", "1"], "more than this machine"),
-    "global batch that cannot fit": (["--global_batch_size", "100000000000000", "--steps_per_epoch", "1"],
-                                     "lower --global_batch_size"),
+    "batch larger than the data": (["--batch_size", "10000000000", "--steps_per_epoch", "1"],
+                                   "--batch_size 10000000000: a global batch of 10000000000 samples is larger "
+                                   "than the 192 training samples (after --validation_split)"),
+    "global batch larger than the data": (["--global_batch_size", "193"],
+                                          "--global_batch_size 193: a global batch of 193 samples is larger"),
     "samples that cannot fit": (["--synthetic_samples", "100000000000"], "lower --synthetic_samples"),
     "empty checkpoint dir": (["--checkpoint_dir", ""], "empty folder name"),
     "negative save minutes": (["--model_checkpoint_save_minutes", "-1"], "save_minutes"),

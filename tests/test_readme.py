@@ -53,3 +53,11 @@ def test_no_file_reads_outside_the_repository():
             if needle in text:
                 bad.append(f"{name}: {needle}")
     assert not bad, bad
+
+
+def test_the_flag_tables_defaults_are_the_parsers():
+    import re
+    rows = dict(re.findall(r"^\| `(--[a-z_0-9]+)` \| `([^`]*)` \|", README, re.M))
+    wrong = [(a.option_strings[0], rows.get(a.option_strings[0]), a.default) for a in build_parser()._actions
+             if a.option_strings and a.dest != "help" and rows.get(a.option_strings[0]) != str(a.default)]
+    assert not wrong, wrong

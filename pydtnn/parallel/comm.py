@@ -34,7 +34,7 @@ from pydtnn.errors import ConfigError
 from pydtnn.parallel import launcher
 
 __all__ = ["Communicator", "SerialComm", "MPIComm", "BucketedReducer", "make_comm", "to_host", "from_host",
-           "COMM_KINDS", "DEFAULT_BUCKET_BYTES", "raise_together"]
+           "COMM_KINDS", "DEFAULT_BUCKET_BYTES", "raise_together", "agree_on_error"]
 
 DEFAULT_BUCKET_BYTES = 1 << 20  # 1 MiB: ResNet-20 (~1 MB fp32) in 2 buckets, ResNet-50 (~100 MB) in ~100
 
@@ -328,7 +328,8 @@ class MPIComm(Communicator):
                 stream.flush()
             except Exception:  # noqa: BLE001 - best effort before dying
                 pass
-        self.comm.Abort(int(code))
+        from pydtnn.parallel.shutdown import abort
+        abort(self.comm, int(code))
 
     def gather_object(self, obj, root: int = 0):
         return self.comm.gather(obj, root=root)
@@ -369,21 +370,41 @@ _FACTORIES = {
 COMM_KINDS = tuple(_FACTORIES)
 
 
-def raise_together(comm: Communicator, work, elsewhere: str, *, rank0_only: bool = False) -> None:
-    """Run ``work`` (on every rank, or with ``rank0_only`` on rank 0 alone, which writes or downloads); a
-    PyDTNNError it raises on any rank is raised on every rank (the others with the message ``elsewhere``),
-    so that all ranks end together instead of some waiting in the next collective."""
+def agree_on_error(comm: Communicator, error, elsewhere: str = "another rank met an error") -> None:
+    """Every rank calls this at the same point with the PyDTNNError it met, or None. If any rank met one,
+    every rank raises an error of the first failing rank's class: rank 0 (which prints) with that rank's
+    message (prefixed "rank r: " when it is not rank 0's own), the others with their own or ``elsewhere``.
+    One allgather when nothing failed; a gather of the messages only when something did."""
+    from pydtnn.errors import ERROR_CLASSES, error_code
+    codes = np.asarray(comm.allgather(float(error_code(error))))
+    failing = np.flatnonzero(codes)
+    if failing.size == 0:
+        return
+    first = int(failing[0])
+    cls = ERROR_CLASSES[int(codes[first]) - 1]
+    messages = comm.gather_object(None if error is None else str(error), root=0)
+    if comm.rank == 0:
+        raise error if first == 0 else cls(f"rank {first}: {messages[first]}")
+    raise error if error is not None and type(error) is cls else cls(elsewhere)
+
+
+def raise_together(comm: Communicator, work, elsewhere: str, *, rank0_only: bool = False):
+    """Run ``work`` (on every rank, or with ``rank0_only`` on rank 0 alone, which writes or downloads) and
+    return its result (None where it did not run). A PyDTNNError it raises on any rank is raised on every
+    rank (`agree_on_error`), so that all ranks end together instead of some waiting in the next collective;
+    ``work`` itself must not communicate."""
     from pydtnn.errors import PyDTNNError
-    error = None
+    error = result = None
     if comm.rank == 0 or not rank0_only:
         try:
-            work()
+            result = work()
         except PyDTNNError as e:
             error = e
-    if comm.size > 1 and comm.any_true(error is not None) and error is None:
-        raise ConfigError(elsewhere)
-    if error is not None:
+    if comm.size > 1:
+        agree_on_error(comm, error, elsewhere)
+    elif error is not None:
         raise error
+    return result
 
 
 def make_comm(kind: str = "auto", **kwargs) -> Communicator:

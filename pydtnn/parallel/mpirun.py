@@ -18,7 +18,7 @@ from pydtnn.errors import ConfigError
 
 @functools.lru_cache(maxsize=None)
 def find_mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
+    local = Path(os.path.normpath(sys.executable)).parent / "mpiexec"
     if local.is_file() and os.access(local, os.X_OK):
         return str(local)
     found = shutil.which("mpiexec") or shutil.which("mpirun")
@@ -37,15 +37,30 @@ def is_open_mpi(mpiexec: str) -> bool:
     return "Open MPI" in text or "OpenRTE" in text or "open-mpi" in text.lower()
 
 
+def _launcher_options(mpiexec: str) -> list[str]:
+    if not is_open_mpi(mpiexec):
+        return []
+    options = ["--oversubscribe", "--bind-to", "none"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        options.append("--allow-run-as-root")
+    return options
+
+
 def mpi_command(nprocs: int, script_path, args=()) -> list[str]:
     """The full command line. Open MPI also gets --oversubscribe (and --allow-run-as-root as root), and
     --bind-to none: pinned to one core each, ranks of a one-machine experiment cannot move away from other
     load on that core, which then shows up as noise in their compute and waiting times."""
+    return mpmd_command([(nprocs, script_path, args)])
+
+
+def mpmd_command(programs) -> list[str]:
+    """One job of several programs (MPMD): ``[(nprocs, script_path, args), ...]`` become
+    ``mpiexec -n K1 python -m mpi4py s1 args1 : -n K2 ...``; the ranks are numbered in that order."""
     mpiexec = find_mpiexec()
-    cmd = [mpiexec]
-    if is_open_mpi(mpiexec):
-        cmd += ["--oversubscribe", "--bind-to", "none"]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            cmd.append("--allow-run-as-root")
-    cmd += ["-n", str(int(nprocs)), sys.executable, "-m", "mpi4py", str(script_path)]
-    return cmd + [str(a) for a in args]
+    cmd = [mpiexec, *_launcher_options(mpiexec)]
+    for i, (nprocs, script_path, args) in enumerate(programs):
+        if i:
+            cmd.append(":")
+        cmd += ["-n", str(int(nprocs)), os.path.normpath(sys.executable), "-m", "mpi4py", str(script_path),
+                *map(str, args)]
+    return cmd

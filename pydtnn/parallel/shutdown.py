@@ -7,9 +7,13 @@ rank does not arrive within a few seconds the error was its own: it prints, nami
 the job (a launcher banner may follow; that is the price of not hanging).
 
 How the agreed end is made quiet depends on the MPI:
-- MPICH (Hydra): MPI_Abort with the rank's stderr closed. Separate exits race with Hydra's clean-up
-  (a rank still finalizing is SIGKILLed and Hydra prints a banner); an abort ends the job at once with
-  the status, and only the rank itself would have printed anything.
+- MPICH (Hydra): rank 0 alone calls MPI_Abort, with its stderr closed, while the others wait to be
+  ended. Separate exits race with Hydra's clean-up (a rank still finalizing is SIGKILLed and Hydra prints
+  a banner); an abort ends the job at once with the status, and only the rank itself would have printed
+  anything. MPI_Abort may return before the launcher ends the process (seen under load): the process
+  then exits with the status itself, never runs on (it did, into code that failed and aborted with 1).
+  Before it, every rank waits (up to a few seconds) until the launcher has read what it printed: the
+  teardown does not wait for a pipe to drain, and under load rank 0's line was sometimes lost.
 - Open MPI: MPI_Finalize, then exit with the status. prterun prints a 13-line MPI_ABORT banner for an
   abort; for a non-zero exit it still adds its own fixed notice ("prterun detected that one or more
   processes exited with non-zero status"). No process can turn it off: only a launcher setting does
@@ -68,7 +72,7 @@ def exit_on_user_error(message) -> None:
             if time.monotonic() > deadline:
                 print(f"pydtnn: error (rank {world.Get_rank()}): {message}", file=sys.stderr)
                 _flush()
-                world.Abort(USER_ERROR_STATUS)
+                abort(world, USER_ERROR_STATUS)
             time.sleep(0.005)
     _end_together(mpi, USER_ERROR_STATUS, f"pydtnn: error: {message}")
 
@@ -77,6 +81,27 @@ def end_job(status: int, line: str) -> None:
     """Every rank calls this together (they agreed in a collective): rank 0 prints ``line`` on stderr
     and every rank ends with ``status``, as quietly as the MPI allows."""
     _end_together(_mpi_world(start=False), status, line)
+
+
+def _unread_bytes(fd: int) -> int:
+    """Bytes written to ``fd`` that its reader has not read yet (pipes only; 0 for anything else)."""
+    try:
+        import fcntl
+        import stat
+        import struct
+        import termios
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return 0
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (OSError, ImportError, AttributeError):
+        return 0
+
+
+def _wait_until_read(fds=(1, 2), limit_s: float = 3.0) -> None:
+    """Wait until the launcher has read our stdout and stderr pipes (what we printed reaches the user)."""
+    deadline = time.monotonic() + limit_s
+    while any(_unread_bytes(fd) for fd in fds) and time.monotonic() < deadline:
+        time.sleep(0.002)
 
 
 def _end_together(mpi, status, line):
@@ -95,21 +120,35 @@ def _end_together(mpi, status, line):
     if world.Get_rank() == 0:
         print(line, file=sys.stderr)
     _flush()
+    _wait_until_read()
     world.Barrier()                  # rank 0's line is out before any rank ends
     if _is_open_mpi(mpi):
         mpi.Finalize()
         os._exit(status)
+    if world.Get_rank() != 0:        # rank 0's abort ends this process
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+        os._exit(status)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
-    world.Abort(status)
+    abort(world, status)
+
+
+def abort(world, status: int) -> None:
+    """MPI_Abort, and never return: MPICH's may return before the launcher ends this process."""
+    try:
+        world.Abort(status)
+    finally:
+        os._exit(status)
 
 
 def abort_on_bug() -> None:
-    """A bug (any other exception): its traceback, then the whole job ends; never a hang. Returns only
-    outside a multi-process MPI job, where the caller re-raises."""
+    """A bug (any other exception): its traceback, then the whole job ends with status 1; never a hang.
+    Returns only outside a multi-process MPI job, where the caller re-raises."""
     mpi = _mpi_world(start=False)
     if mpi is None:
         return
     traceback.print_exc()
     _flush()
-    mpi.COMM_WORLD.Abort(1)
+    abort(mpi.COMM_WORLD, 1)

@@ -40,13 +40,14 @@ def default_threads(core_sets: list[set[int]], mine: set[int]) -> int:
 
 
 def choose_threads(flag: int | None, comm) -> tuple[int | None, str]:
-    """(threads to set, why). None: leave the count alone, it was the user's choice through a variable."""
+    """(threads to set, why). None: leave the count alone, it was the user's choice through a variable.
+    A collective: every rank takes part whatever it chose (ranks may be started with different choices)."""
+    sets = node_core_sets(comm)
     if flag:
         return flag, "--threads_per_replica"
     for var in THREAD_VARS:
         if os.environ.get(var, "").strip():
             return None, f"{var}={os.environ[var].strip()}"
-    sets = node_core_sets(comm)
     n = default_threads(sets, usable_cores())
     return n, f"default: {len(set().union(*sets))} cores / {len(sets)} rank(s) on this node"
 
