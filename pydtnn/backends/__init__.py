@@ -128,6 +128,13 @@ class Backend:
         """(dw, db): dw shaped like w (K, C // groups, kh, kw); db (K,) or None."""
         raise NotImplementedError
 
+    def conv2d_context(self, x):
+        """The ctx `conv2d_forward(x, ...)` returns, without computing y: the transposed convolution
+        (ConvTranspose2D) runs `conv2d_backward_data` as its forward and needs the ctx of a convolution
+        whose input it has not computed yet (then `x` is an empty array of that shape). Every backend's
+        convolution ctx is `(x,)` today; a backend whose ctx holds more overrides this."""
+        return (x,)
+
     # --- pooling ------------------------------------------------------------------------------------
     def pool2d_forward(self, x, spec: PoolSpec):
         """Returns (y, ctx)."""
@@ -149,6 +156,25 @@ class Backend:
         """a + b in a new array (relu(a + b) with `relu`): the merge of an AdditionBlock's paths."""
         y = self.xp.add(a, b)
         return self.xp.maximum(y, 0, out=y) if relu else y
+
+    # --- element-wise and row kernels of the sequence layers (device-independent defaults) ------------
+    def erfc(self, x):
+        """The complementary error function, to double precision (GELU); see `_special`."""
+        from pydtnn.backends._special import erfc
+        return erfc(self.xp, x)
+
+    def softmax(self, s, causal=False):
+        """Softmax over the last axis of `s`, IN PLACE (s is a scratch array the caller owns), stable: the
+        row maximum is subtracted first. `causal`: entries j > i of the last two axes (T, T) count as
+        -inf (weight 0). Returns s. Attention calls it on (N, heads, T, T) scores."""
+        xp = self.xp
+        if causal:
+            t = s.shape[-1]
+            s += xp.where(xp.triu(xp.ones((t, t), dtype=bool), 1), -xp.inf, 0.0).astype(s.dtype)
+        s -= s.max(axis=-1, keepdims=True)
+        xp.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        return s
 
     # --- batch normalization (per channel; statistics over every other axis) -------------------------
     # True where the batchnorm_* kernels take relu=True (forward: the ReLU applied in the same pass) and
