@@ -176,6 +176,21 @@ class Backend:
         s /= s.sum(axis=-1, keepdims=True)
         return s
 
+    def scatter_add_rows(self, out, ids, rows):
+        """out[ids[i]] += rows[i] for every i, repeated ids adding up (Embedding's weight gradient).
+        NumPy's (and CuPy's) `add.at` where the array module has it; else a one-hot GEMM in chunks."""
+        xp = self.xp
+        at = getattr(getattr(xp, "add", None), "at", None)
+        if at is not None:
+            at(out, ids, rows)
+            return out
+        chunk = max(1, (1 << 22) // max(out.shape[0], 1))
+        classes = xp.arange(out.shape[0])
+        for start in range(0, len(ids), chunk):
+            one_hot = (ids[start:start + chunk, None] == classes[None, :]).astype(out.dtype)
+            out += one_hot.T @ rows[start:start + chunk]
+        return out
+
     # --- batch normalization (per channel; statistics over every other axis) -------------------------
     # True where the batchnorm_* kernels take relu=True (forward: the ReLU applied in the same pass) and
     # batchnorm_backward takes relu_y (the gradient arriving after that ReLU): the model then runs a

@@ -151,7 +151,7 @@ class Layer:
 
     # --- what the model and blocks call: forward/backward on arrays in the backend's internal layout ---
     def _needs_boundary(self, a):
-        return a.ndim == 4 and not self.internal_layout and self.backend.layout != "NCHW"
+        return a is not None and a.ndim == 4 and not self.internal_layout and self.backend.layout != "NCHW"
 
     def forward_internal(self, x, training=False):
         if self._needs_boundary(x):

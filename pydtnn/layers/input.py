@@ -20,6 +20,7 @@ class Input(Layer):
         except TypeError:
             raise ConfigError(f"Input dtype must be None (the model's float type) or an integer type for "
                               f"token ids, got {dtype!r}") from None
+        self.differentiable_input = not self.ids
         if dtype is not None and not self.ids:
             raise ConfigError(f"Input dtype must be None (the model's float type) or an integer type for "
                               f"token ids, got {dtype!r}")
