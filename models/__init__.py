@@ -27,7 +27,8 @@ import sys
 from pydtnn.errors import ConfigError, PyDTNNError
 
 from . import _common
-from . import alexnet, densenet, googlenet, inception, mobilenet, resnet, simple, vgg, vgg_small  # noqa: F401
+from . import (alexnet, autoencoder, densenet, googlenet, inception, mobilenet, resnet, simple,  # noqa: F401
+               transformers, vgg, vgg_small)
 
 MODELS: dict = dict(_common.BUILDERS)       # name -> builder
 

@@ -8,8 +8,8 @@ import pytest
 from pydtnn import Model
 from pydtnn.activations import GELU, SiLU, Softmax
 from pydtnn.errors import ConfigError, DatasetError, ShapeError
-from pydtnn.layers import (FC, ConvTranspose2D, Embedding, GroupNorm, Input, LayerNorm, MultiHeadAttention,
-                           Upsample2D)
+from pydtnn.layers import (FC, ConvTranspose2D, Embedding, GroupNorm, ImageToSequence, Input, LayerNorm,
+                           MultiHeadAttention, PositionEmbedding, Upsample2D)
 from pydtnn.testing import check_gradients
 
 # (factory, per-sample input shape, check_gradients options). Attention: eps 1e-3, because some of its
@@ -34,6 +34,8 @@ GRADIENT_CASES = [
     ("Upsample2D_bilinear", lambda: Upsample2D((2, 3), "bilinear"), (2, 3, 4), {}),
     ("FC_sequence", lambda: FC(4), (3, 5), {}),
     ("Softmax_sequence", lambda: Softmax(), (3, 5), {}),
+    ("PositionEmbedding", lambda: PositionEmbedding(), (3, 5), {}),
+    ("ImageToSequence", lambda: ImageToSequence(), (3, 2, 4), {}),
 ]
 
 
@@ -219,6 +221,15 @@ def test_fc_on_sequences_applies_per_position(backend_name):
     w, b = (model.backend.to_numpy(a) for a in (model.layers[1].weights, model.layers[1].biases))
     np.testing.assert_allclose(y, x @ w + b, rtol=1e-13)
     assert model.output_shape == (3, 5)
+
+
+def test_image_to_sequence_orders_tokens_as_torch_flatten_transpose(backend_name):
+    x = randn(2, 3, 2, 4)
+    _, y = run_layer(ImageToSequence(), x, backend_name)
+    np.testing.assert_array_equal(y, x.reshape(2, 3, 8).transpose(0, 2, 1))
+    x = randn(2, 5, 3)
+    model, y = run_layer(PositionEmbedding(), x, backend_name)
+    np.testing.assert_allclose(y, x + model.backend.to_numpy(model.layers[1].weights), rtol=1e-15)
 
 
 def test_input_shapes():

@@ -14,6 +14,8 @@ from pydtnn.layers.embedding import Embedding
 from pydtnn.layers.attention import MultiHeadAttention
 from pydtnn.layers.conv_transpose2d import ConvTranspose2D
 from pydtnn.layers.upsample2d import Upsample2D
+from pydtnn.layers.position_embedding import PositionEmbedding
+from pydtnn.layers.image_to_sequence import ImageToSequence
 
 _ACTIVATION_NAMES = ("Relu", "LeakyRelu", "Sigmoid", "Tanh", "Softmax", "GELU", "SiLU")
 
@@ -28,5 +30,5 @@ def __getattr__(name):
 
 __all__ = ["Layer", "Input", "FC", "Conv2D", "MaxPool2D", "AveragePool2D", "Dropout", "Flatten",
            "BatchNormalization", "AdditionBlock", "ConcatenationBlock", "LayerNorm", "GroupNorm", "Embedding",
-           "MultiHeadAttention", "ConvTranspose2D", "Upsample2D",
+           "MultiHeadAttention", "ConvTranspose2D", "Upsample2D", "PositionEmbedding", "ImageToSequence",
            "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Softmax", "GELU", "SiLU"]
