@@ -1,0 +1,105 @@
+"""The transformer and autoencoder models of the zoo (issue 21): they learn, and they train through the
+launcher, data-parallel under mpiexec -n 2, on the repository's real MNIST and shipped text."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mpi_helpers import REPO_ROOT, describe, output_of_our_processes, run_mpi  # noqa: E402
+from pydtnn import Model  # noqa: E402
+from pydtnn.datasets import load_dataset  # noqa: E402
+from pydtnn.models import build_model  # noqa: E402
+from pydtnn.optimizers import get_optimizer  # noqa: E402
+
+LAUNCHER = REPO_ROOT / "scripts" / "pydtnn_benchmark.py"
+MNIST = str(REPO_ROOT / "tests" / "data" / "mnist-t10k")
+QUICK = ["--progress_bar", "false", "--lr_schedulers", "", "--optimizer", "adam", "--beta1", "0.9",
+         "--learning_rate", "0.001", "--parallel", "data"]
+
+
+def overfit(name, dataset, loss, steps=25, batch=8):
+    """Adam on one fixed batch: the loss of the last step against the first."""
+    model = build_model(name, Model(dtype="float32", seed=0), nclasses=dataset.nclasses,
+                        input_shape=dataset.input_shape)
+    x, y = dataset.train.take(np.arange(batch))
+    history = model.fit(np.repeat(x, 2, axis=0)[:batch], np.repeat(y, 2, axis=0)[:batch], epochs=steps,
+                        batch_size=batch, loss=loss, metrics=(), shuffle=False,
+                        optimizer=get_optimizer("adam", learning_rate=3e-3, beta1=0.9))
+    return history["loss"][0], history["loss"][-1]
+
+
+def test_vit_learns_a_batch():
+    first, last = overfit("vit_tiny_mnist", load_dataset("mnist", train_path=MNIST), "categorical_cross_entropy")
+    assert last < 0.2 * first, (first, last)
+
+
+def test_autoencoder_learns_a_batch():
+    ds = load_dataset("mnist", train_path=MNIST, targets="inputs")
+    assert ds.output_shape == (1, 28, 28)
+    x, y = ds.train.take([0, 1])
+    np.testing.assert_array_equal(x, y)
+    first, last = overfit("conv_autoencoder_mnist", ds, "mean_squared_error", steps=40)
+    assert last < 0.5 * first, (first, last)
+
+
+def test_byte_lm_learns_a_batch():
+    ds = load_dataset("bytes", sequence_length=32)
+    x, y = ds.train.take([0, 3])
+    assert x.dtype == np.int64 and x.shape == (2, 32)
+    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])           # targets: the next byte at every position
+    text = open(os.path.join(REPO_ROOT, "datasets", "data", "gettysburg_declaration.txt"), "rb").read()
+    assert bytes(x[0].astype(np.uint8)) == text[:32] and bytes(y[1].astype(np.uint8)) == text[3 * 32 + 1:4 * 32 + 1]
+    first, last = overfit("bytelm_small", ds, "categorical_cross_entropy", steps=30)
+    assert first == pytest.approx(np.log(256), rel=0.05)          # a uniform guess over the bytes at first
+    assert last < 0.5 * first, (first, last)
+
+
+def launch(args, timeout=240):
+    r = run_mpi(2, LAUNCHER, QUICK + args, timeout=timeout)
+    assert r.returncode == 0, describe(r)
+    assert "global batch 16 split as [8, 8]" in r.stdout, describe(r)
+    epochs = [l for l in r.stdout.splitlines() if l.startswith("epoch ")]
+    assert epochs and "loss=" in epochs[-1], describe(r)
+    return epochs
+
+
+@pytest.mark.mpi
+def test_vit_trains_data_parallel_through_the_launcher(tmp_path):
+    weights = tmp_path / "vit.npz"
+    epochs = launch(["--model", "vit_tiny_mnist", "--dataset", "mnist", "--dataset_train_path", MNIST,
+                     "--validation_split", "0.2", "--batch_size", "8", "--steps_per_epoch", "3",
+                     "--save_weights_and_bias_filename", str(weights)])
+    assert "val_categorical_accuracy=" in epochs[-1]
+    model = build_model("vit_tiny_mnist", Model())
+    model.load(str(weights))          # the weights file holds the attention and LayerNorm parameters
+    assert "multi_head_attention/in_proj_weight" in model.state_arrays()
+
+
+@pytest.mark.mpi
+def test_autoencoder_trains_data_parallel_through_the_launcher():
+    epochs = launch(["--model", "conv_autoencoder_mnist", "--dataset", "mnist", "--dataset_train_path", MNIST,
+                     "--targets", "inputs", "--loss_func", "mean_squared_error", "--metrics",
+                     "mean_absolute_error", "--batch_size", "8", "--steps_per_epoch", "3"])
+    assert "mean_absolute_error=" in epochs[-1]
+
+
+@pytest.mark.mpi
+def test_byte_lm_trains_data_parallel_through_the_launcher():
+    launch(["--model", "bytelm_small", "--dataset", "bytes", "--sequence_length", "64", "--batch_size", "8",
+            "--steps_per_epoch", "3", "--validation_split", "0.1"])
+
+
+def test_an_autoencoder_without_input_targets_is_one_line():
+    from pydtnn.cli import main
+    from pydtnn.errors import ConfigError
+    with pytest.raises(SystemExit) as info:
+        main(["--model", "conv_autoencoder_mnist", "--dataset", "mnist", "--dataset_train_path", MNIST,
+              "--progress_bar", "false", "--loss_func", "mean_squared_error"])
+    assert info.value.code == 2
+    with pytest.raises(ConfigError, match=r"outputs of shape \(1, 28, 28\) .* 10 classes; an autoencoder "
+                                          r"needs --targets inputs"):
+        from pydtnn.cli import parse_args, run
+        run(parse_args(["--model", "conv_autoencoder_mnist", "--dataset", "mnist", "--dataset_train_path",
+                        MNIST, "--progress_bar", "false"]))
