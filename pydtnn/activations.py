@@ -125,8 +125,7 @@ class Softmax(Layer):
         return self.y
 
     def backward(self, dy):
-        y = self.y
-        return y * (dy - (dy * y).sum(axis=-1, keepdims=True))
+        return self.backend.softmax_backward(self.y, dy.copy())
 
 
 ACTIVATIONS = {"relu": Relu, "leaky_relu": LeakyRelu, "sigmoid": Sigmoid, "tanh": Tanh, "softmax": Softmax,

@@ -92,15 +92,31 @@ def new_model(seed=0):
 
 
 # --- registry -----------------------------------------------------------------------------------------
-def test_registry_holds_exactly_the_upstream_zoo():
-    assert set(MODELS) == EXPECTED_NAMES
-    assert list_models() == sorted(EXPECTED_NAMES)
+# Beyond upstream (issue 21): transformers and an autoencoder, tested in tests/test_new_models.py.
+NEW_NAMES = {"vit_tiny_mnist": ("mnist", 10, (1, 28, 28), (10,)),
+             "conv_autoencoder_mnist": ("mnist", 10, (1, 28, 28), (1, 28, 28)),
+             "bytelm_small": ("bytes", 256, (64,), (64, 256))}
+
+
+def test_registry_holds_exactly_the_upstream_zoo_and_the_new_models():
+    assert set(MODELS) == EXPECTED_NAMES | set(NEW_NAMES)
+    assert list_models() == sorted(EXPECTED_NAMES | set(NEW_NAMES))
     for name in MODELS:
         assert get_model_builder(name) is MODELS[name]
 
 
+@pytest.mark.parametrize("name", sorted(NEW_NAMES))
+def test_new_models_defaults(name):
+    dataset, nclasses, in_shape, out_shape = NEW_NAMES[name]
+    assert default_dataset(name) == dataset and default_nclasses(name) == nclasses
+    model = build_model(name, new_model())
+    assert model.input_shape == in_shape == default_input_shape(name) and model.output_shape == out_shape
+    if name == "vit_tiny_mnist":      # conv 3,200 + positions 1,024 + 2 blocks x 33,472 + LayerNorm 128 + head 10,250
+        assert model.nparams == 81_546
+
+
 def test_defaults_per_family():
-    for name in MODELS:
+    for name in EXPECTED_NAMES:
         dataset = default_dataset(name)
         expected = "mnist" if name.startswith("simple") else "imagenet" if name.endswith("_imagenet") else "cifar10"
         assert dataset == expected, name

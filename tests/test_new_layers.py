@@ -339,3 +339,26 @@ def test_torch_upsample(mode):
     torch = torch_or_skip()
     kwargs = {"align_corners": False} if mode == "bilinear" else {}
     oracle(Upsample2D((2, 3), mode), randn(2, 3, 4, 5), torch.nn.Upsample(scale_factor=(2, 3), mode=mode, **kwargs), {})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backend_softmax_kernels(dtype, causal, backend_name):
+    """The fused row softmax (the CPU's numba kernel; elsewhere the array-module default) against NumPy,
+    scores of +-1e4 included, and its backward against the formula."""
+    from pydtnn.backends import Backend, get_backend
+    be = get_backend(backend_name, dtype) if isinstance(backend_name, str) else backend_name
+    s = np.random.default_rng(0).standard_normal((2, 3, 5, 5)) * 3
+    s[0, 0, 2] = [1e4, -1e4, 0, 1e4, 2]
+    ref = np.where(np.tril(np.ones((5, 5))) > 0, s, -np.inf) if causal else s
+    ref = np.exp(ref - ref.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    y = be.softmax(be.asarray(s.copy()), causal=causal)       # in place: on a copy
+    tol = 1e-6 if dtype == "float32" else 1e-14
+    np.testing.assert_allclose(be.to_numpy(y), ref, rtol=tol, atol=tol)
+    g = np.random.default_rng(1).standard_normal(s.shape)
+    dz = be.softmax_backward(y, be.asarray(g.copy()))
+    np.testing.assert_allclose(be.to_numpy(dz), ref * (g - (g * ref).sum(-1, keepdims=True)), rtol=tol * 10,
+                               atol=tol * 10)
+    base = Backend.softmax(be, be.asarray(s.copy()), causal=causal)        # the device-independent default agrees
+    np.testing.assert_allclose(be.to_numpy(base), ref, rtol=tol, atol=tol)

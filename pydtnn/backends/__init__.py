@@ -176,6 +176,13 @@ class Backend:
         s /= s.sum(axis=-1, keepdims=True)
         return s
 
+    def softmax_backward(self, y, g):
+        """dL/ds of y = softmax(s) over the last axis from g = dL/dy, IN PLACE in g (a scratch array the
+        caller owns): y * (g - sum(g * y)). Returns g."""
+        g -= (g * y).sum(axis=-1, keepdims=True)
+        g *= y
+        return g
+
     def scatter_add_rows(self, out, ids, rows):
         """out[ids[i]] += rows[i] for every i, repeated ids adding up (Embedding's weight gradient).
         NumPy's (and CuPy's) `add.at` where the array module has it; else a one-hot GEMM in chunks."""

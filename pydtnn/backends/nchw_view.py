@@ -98,6 +98,9 @@ class NCHWView(Backend):
     def softmax(self, s, causal=False):
         return self.inner.softmax(s, causal=causal)
 
+    def softmax_backward(self, y, g):
+        return self.inner.softmax_backward(y, g)
+
     def asarray(self, a):
         return self.inner.asarray(a)
 

@@ -87,8 +87,7 @@ class MultiHeadAttention(Layer):
         dattn = xp.matmul(dcontext, self.v.transpose(0, 1, 3, 2))                      # (N, H, T, T)
         if self.mask is not None:
             dattn *= self.mask
-        a = self.attn
-        dscores = a * (dattn - (dattn * a).sum(axis=-1, keepdims=True))               # softmax backward
+        dscores = self.backend.softmax_backward(self.attn, dattn)                     # in place
         dscores *= dy.dtype.type(1 / math.sqrt(self.head_dim))
         dq = xp.matmul(dscores, self.k)
         dk = xp.matmul(dscores.transpose(0, 1, 3, 2), self.q)
