@@ -103,3 +103,64 @@ def test_an_autoencoder_without_input_targets_is_one_line():
         from pydtnn.cli import parse_args, run
         run(parse_args(["--model", "conv_autoencoder_mnist", "--dataset", "mnist", "--dataset_train_path",
                         MNIST, "--progress_bar", "false"]))
+
+
+# --- the GPU backend's glue for the new layers, over the host stand-in of CuPy/cuDNN (not a GPU) -------
+
+EVERY_NEW_LAYER = """
+from pydtnn.activations import GELU, SiLU
+from pydtnn.layers import (FC, Conv2D, ConvTranspose2D, Flatten, GroupNorm, ImageToSequence, Input, LayerNorm,
+                           MultiHeadAttention, PositionEmbedding, Upsample2D)
+
+def create_model(model):
+    model.add(Input(shape=(1, 10, 10)))
+    model.add(Conv2D(nfilters=4, filter_shape=(3, 3), stride=2, padding=1))                 # 5x5
+    model.add(ConvTranspose2D(4, (3, 3), stride=2, padding=1, output_padding=1))          # 10x10
+    model.add(GroupNorm(2))
+    model.add(SiLU())
+    model.add(Upsample2D(2, mode="bilinear"))                                               # 20x20
+    model.add(Conv2D(nfilters=8, filter_shape=(5, 5), stride=5))                           # 16 tokens of 8
+    model.add(ImageToSequence())
+    model.add(PositionEmbedding())
+    model.add(LayerNorm())
+    model.add(MultiHeadAttention(8, 2, causal=True))
+    model.add(FC(8, activation="gelu"))
+    model.add(Flatten())
+    model.add(FC(shape=(5,), activation="softmax"))
+"""
+
+
+def launch_standin(tmp_path, args, gpu):
+    import json
+    import subprocess
+    import gpu_standin
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    history = tmp_path / f"{'gpu' if gpu else 'cpu'}.json"
+    if gpu:
+        env = gpu_standin.subprocess_env(env)
+        args = args + ["--enable_gpu", "true"]
+    r = subprocess.run([sys.executable, str(LAUNCHER), *args, "--history_file", str(history), "--dtype", "float64",
+                        "--progress_bar", "false", "--lr_schedulers", "", "--num_epochs", "2"],
+                       capture_output=True, text=True, timeout=300, cwd=str(tmp_path), env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(history.read_text())
+
+
+@pytest.mark.parametrize("what", ["image_and_attention_layers", "byte_lm"])
+def test_glue_new_layers_on_the_gpu_backend_train_as_on_the_cpu(tmp_path, what):
+    """The GPU backend over the host stand-in (tests/gpu_standin: our glue, not NVIDIA's libraries): the
+    same layer code through CuPy's API, cuDNN for the convolutions (ConvTranspose2D's included), trains
+    with the CPU run's losses, in float64."""
+    if what == "byte_lm":
+        args = ["--model", "bytelm_small", "--dataset", "bytes", "--sequence_length", "16", "--batch_size", "8",
+                "--steps_per_epoch", "3", "--validation_split", "0.1"]
+    else:
+        model = tmp_path / "every_new_layer.py"
+        model.write_text(EVERY_NEW_LAYER)
+        args = ["--model", str(model), "--dataset", "synthetic", "--synthetic_samples", "48", "--batch_size", "16",
+                "--validation_split", "0.25", "--seed", "5"]
+    cpu, gpu = launch_standin(tmp_path, args, False), launch_standin(tmp_path, args, True)
+    assert len(cpu) == len(gpu) == 2
+    for rc, rg in zip(cpu, gpu):
+        for key in ("loss", "val_loss"):
+            assert abs(rc[key] - rg[key]) <= 1e-9 * max(1.0, abs(rc[key])), (key, rc[key], rg[key])
