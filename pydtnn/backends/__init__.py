@@ -19,6 +19,10 @@ Kernel conventions
   backend may cache plans or buffers keyed by it.
 - A forward kernel returns `(y, ctx)`; `ctx` is opaque and handed back to the backward kernels
   (im2col columns, argmax indices, cuDNN descriptors...).
+- The sequence layers' kernels (`softmax`, `softmax_backward`, `erfc`, `scatter_add_rows`) have
+  device-independent defaults here, written with `xp`; a backend overrides them where it has a faster
+  kernel (the CPU's numba row softmax). A kernel taking 4-D images must also be listed in
+  `nchw_view.IMAGE_KERNELS`, which the gradient checker uses to run layers in NCHW on any backend.
 """
 from __future__ import annotations
 
