@@ -26,6 +26,7 @@ from pydtnn.backends import _cpu_blas as blas
 from pydtnn.backends import _cpu_conv as kc
 from pydtnn.backends import _cpu_kernels as kp
 from pydtnn.backends import _cpu_softmax as ksm
+from pydtnn.backends import _cpu_special as kspecial
 from pydtnn.backends import _cpu_planes as planes
 from pydtnn.backends import _cpu_winograd as wino
 from pydtnn.backends._cpu_pool import POOL
@@ -379,6 +380,12 @@ class CPUBackend(Backend):
             POOL.run(kp.maxpool_bwd, nt, dy.reshape(-1), idx.reshape(-1), dx.reshape(-1), n, h, w, c, ho, wo,
                      kh, kw, sh, sw, ph, pw)
         return dx
+
+    def erfc(self, x):
+        x = self._c(x)
+        out = np.empty_like(x)
+        POOL.run(kspecial.erfc, self._nt(x.size), x.reshape(-1), out.reshape(-1), x.size)
+        return out
 
     # --- row softmax (attention, Softmax layers): fused numba kernels, in place -----------------------
     def softmax(self, s, causal=False):
