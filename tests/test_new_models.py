@@ -164,3 +164,22 @@ def test_glue_new_layers_on_the_gpu_backend_train_as_on_the_cpu(tmp_path, what):
     for rc, rg in zip(cpu, gpu):
         for key in ("loss", "val_loss"):
             assert abs(rc[key] - rg[key]) <= 1e-9 * max(1.0, abs(rc[key])), (key, rc[key], rg[key])
+
+
+def test_a_bug_in_a_user_layer_keeps_its_traceback_through_the_launcher(tmp_path):
+    """A coding bug in a user layer's build is a traceback naming the file and line (not one error line)."""
+    import subprocess
+    path = tmp_path / "buggy.py"
+    path.write_text("from pydtnn.layers import FC, Input, Layer\n\n\n"
+                    "class Buggy(Layer):\n"
+                    "    def build(self, in_shape):\n"
+                    "        return in_shape.nonexistent\n\n\n"
+                    "def create_model(model):\n"
+                    "    model.add(Input(shape=(1, 28, 28)))\n"
+                    "    model.add(Buggy())\n")
+    r = subprocess.run([sys.executable, str(LAUNCHER), "--model", str(path), "--progress_bar", "false"],
+                       capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode not in (0, 2), r.stderr[-2000:]
+    assert "Traceback" in r.stderr and f'File "{path}", line 6, in build' in r.stderr, r.stderr[-2000:]
+    assert "AttributeError" in r.stderr and "pydtnn: error:" not in r.stderr
