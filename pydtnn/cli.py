@@ -307,9 +307,6 @@ def run(p):
         if any(d != "gpu" for d in devices):
             raise ConfigError("--enable_nccl needs every replica on a GPU; mixed --devices reduce through MPI")
         comm = make_comm("nccl")
-    if p.non_blocking_mpi and backend == "gpu":
-        raise ConfigError("--non_blocking_mpi overlaps reductions of host (CPU) gradient buffers; GPU replicas "
-                          "reduce in one call")
     from pydtnn.backends import get_backend
     if p.enable_conv_winograd and p.conv_algorithm == "direct":
         raise ConfigError("--enable_conv_winograd true contradicts --conv_algorithm direct")

@@ -259,8 +259,10 @@ def main(argv=None):
             print("PyTorch with CUDA is not available: timing ours only", file=sys.stderr)
     t_start = time.perf_counter()
     rows = []
-    for precision in [s.strip() for s in args.precision.split(",") if s.strip()]:
-        for name in [s.strip() for s in args.models.split(",") if s.strip()]:
+    precisions = [s.strip() for s in args.precision.split(",") if s.strip()]
+    names = [s.strip() for s in args.models.split(",") if s.strip()]
+    for name in names:                 # a model in every precision before the next model (most useful first)
+        for precision in precisions:
             if time.perf_counter() - t_start > args.max_seconds:
                 rows.append({"model": name, "precision": precision, "skipped": "time budget (--max_seconds)"})
                 append_jsonl(args.jsonl, rows[-1])

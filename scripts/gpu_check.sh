@@ -1,89 +1,137 @@
 #!/usr/bin/env bash
 # The GPU device check: one prepared script for the GPU machine (one H200, CUDA 13, CuPy 14, Open MPI 4.1.6,
-# PyTorch 2.11, no network). At most ~6 minutes from a cold machine, so a rerun fits a 15-minute window.
-# NOT RUN ON HARDWARE as written (written on a machine without a GPU; `bash -n` and the CPU-side stages
-# were dry-run there).
+# PyTorch 2.11, no network; docs/gpu.md says what to record from it). NOT YET RUN ON HARDWARE.
 #
-# Every stage runs under its own `timeout` (capped by what is left of GPU_CHECK_BUDGET) and writes its
-# results to $OUT AS IT FINISHES, so a timeout loses nothing done before it:
-#   $OUT/summary.txt          one line per finished stage (rc, seconds), appended at once
-#   $OUT/<stage>.log          the stage's whole output (pytest -v: one line per test as it ends)
-#   $OUT/conformance.xml      JUnit XML of the conformance suite (pytest -rfE, no -x)
-#   $OUT/bench.jsonl          bench_gpu.py, one JSON line per measured row, flushed
-#   $OUT/*_history.json       launcher histories (MNIST, mixed static / dynamic)
-# Stages: install (offline, carried wheels) -> versions -> conformance (backend "gpu") -> nccl (1 rank; and
-# 2 ranks on one GPU must fail with one line) -> mnist (>= 95% on the GPU) -> resume (GPU checkpoint-resume
-# bit-exact with dropout) -> mixed (gpu,cpu,cpu, static then dynamic balance) -> bench (fp32 and tf32 vs
-# PyTorch, ResNet-50 and VGG-16, batch 64).
+#   here, first:    bash scripts/gpu_check_prepare.sh      (the cuDNN frontend wheel into .gpu_data, size check)
+#   on the device:  run(command="bash scripts/gpu_check.sh", carry=[".gpu_data"], timeout_s=300)
+#   here, no GPU:   bash scripts/gpu_check.sh --dry-run    (the script's own logic; every GPU stage
+#                   reports "skipped: no GPU"; tests/test_gpu_check_script.py runs it)
 #
-# BEFORE the device session, on the ordinary machine: bash scripts/gpu_check_prepare.sh (downloads the
-# wheels the device lacks into .gpu_data/wheels, which is git-ignored: name it in `carry`). The MNIST t10k
-# pair is in the repository (tests/data/mnist-t10k).
-# THEN: run(command="bash scripts/gpu_check.sh", carry=[".gpu_data"], timeout_s=420)
-# Knobs: PYTHON (python3), GPU_CHECK_BUDGET (seconds, 350), GPU_CHECK_SKIP (e.g. "bench mixed"),
-#        PYDTNN_GPU_CONV=frontend|legacy (forces one cuDNN implementation where no argument says).
+# Stages, most useful first, each under its own `timeout` (capped by what is left of the budget), each
+# ending with one "RESULT:" line that goes to the console and to summary.txt as soon as it ends:
+#   versions 25 s (installs the carried wheel), conformance 90 s (pytest -k "gpu and not standin"),
+#   nccl 15 s, mnist 25 s, bench 30 s, resume 25 s, mixed 30 s: 240 s of limits, budget 250 s.
+# What comes back in $OUT (at most 5 files, no folders; the device returns at most 8):
+#   summary.txt  one line per stage      gpu_check.log    every stage's whole output, appended as it runs
+#   conformance.xml  pytest's JUnit XML  bench.jsonl      one JSON line per benchmark row, flushed
+#   histories.json   {"mnist": [...], "mixed_static": [...], "mixed_dynamic": [...]}, merged as each ends
+# Work files live in a fresh folder under /tmp.
+# Knobs: PYTHON (python3); GPU_CHECK_BUDGET (250 s); GPU_CHECK_LIMIT_<stage> (seconds, e.g.
+# GPU_CHECK_LIMIT_bench=200); GPU_CHECK_ONLY / GPU_CHECK_SKIP ("bench mixed": stages to run / not to run);
+# PYDTNN_GPU_CONV=frontend|legacy. Dry run only: GPU_CHECK_DRY_SLEEP ("conformance=3 mnist=1": seconds a
+# stage's stand-in body sleeps, to exercise the limits).
 set -u
 cd "$(dirname "$0")/.."
-OUT="${OUT:-$PWD/out/gpu_check}"
+REPO=$PWD
+DRY=${GPU_CHECK_DRY_RUN:-0}
+[ "${1:-}" = "--dry-run" ] && DRY=1
+OUT="${OUT:-$REPO/out/gpu_check}"
 mkdir -p "$OUT"
+WORK=$(mktemp -d /tmp/pydtnn-gpu-check.XXXXXX)
 PY="${PYTHON:-python3}"
-BUDGET="${GPU_CHECK_BUDGET:-350}"
+BUDGET="${GPU_CHECK_BUDGET:-250}"
+ONLY=" ${GPU_CHECK_ONLY:-} "
 SKIP=" ${GPU_CHECK_SKIP:-} "
-START=$(date +%s)
 MNIST="tests/data/mnist-t10k"
 SUMMARY="$OUT/summary.txt"
-export PYTHONUNBUFFERED=1
+LOG="$OUT/gpu_check.log"
+HIST="$OUT/histories.json"
+STAGES=(versions:25 conformance:90 nccl:15 mnist:25 bench:30 resume:25 mixed:30)
+START=$(date +%s)
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+export PYTHONPATH="$REPO:$REPO/scripts:/tmp/pydtnn-gpu-site${PYTHONPATH:+:$PYTHONPATH}"
 export OMPI_MCA_btl_vader_single_copy_mechanism=none    # Open MPI shared memory inside containers
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 : > "$SUMMARY"
+: > "$LOG"
 
 elapsed() { echo $(( $(date +%s) - START )); }
+say() { echo "$1" | tee -a "$SUMMARY" >> "$LOG"; echo "$1"; }
 
-# stage NAME LIMIT_SECONDS FUNCTION: FUNCTION under timeout for LIMIT seconds or what is left of the
-# budget, output to $OUT/NAME.log (and the console); one summary line appended as soon as it ends
+# stage NAME DEFAULT_LIMIT: do_NAME (or, in a dry run, dry_stage NAME) under timeout; its output appended to
+# the log as it runs; one summary line (verdict, seconds, the stage's last RESULT line) when it ends
 stage() {
-    local name=$1 limit=$2 fn=$3 rc t0 left
+    local name=$1 var="GPU_CHECK_LIMIT_$1" limit left t0 rc verdict result fn="do_$1"
+    limit=${!var:-$2}
+    if [[ "$SKIP" == *" $name "* ]] || { [[ "$ONLY" != "  " ]] && [[ "$ONLY" != *" $name "* ]]; }; then
+        say "$name: skipped (GPU_CHECK_ONLY / GPU_CHECK_SKIP)"
+        return 0
+    fi
     left=$(( BUDGET - $(elapsed) ))
-    if [[ "$SKIP" == *" $name "* ]]; then echo "$name: skipped (GPU_CHECK_SKIP)" >> "$SUMMARY"; return 0; fi
-    if (( left < 15 )); then
-        echo "$name: not started (budget spent at $(elapsed)s)" | tee -a "$SUMMARY"
+    if (( left < 10 )); then
+        say "$name: not started (the ${BUDGET}s budget is spent at $(elapsed)s)"
         return 0
     fi
     (( limit > left )) && limit=$left
-    echo; echo "=== $name (limit ${limit}s, at $(elapsed)s)"
+    (( DRY )) && fn="dry_stage $name"
+    echo "=== $name (limit ${limit}s, at $(elapsed)s)" >> "$LOG"
     t0=$(date +%s)
-    STAGE_LIMIT=$limit timeout -k 5 "$limit" bash -c "$fn" > >(tee "$OUT/$name.log") 2>&1
-    rc=$?
-    local verdict="ok"
-    (( rc != 0 )) && verdict="FAILED"
-    (( rc == 124 || rc == 137 )) && verdict="TIMED OUT"
-    echo "$name: $verdict rc=$rc in $(( $(date +%s) - t0 ))s (at $(elapsed)s)" | tee -a "$SUMMARY"
+    STAGE_LIMIT=$limit STAGE_END=$(( t0 + limit )) timeout -k 5 "$limit" bash -c "$fn" 2>&1 \
+        | tee "$WORK/$name.out" >> "$LOG"
+    rc=${PIPESTATUS[0]}
+    verdict="ok"
+    (( DRY )) && verdict="dry run ok (its GPU work skipped: no GPU)"
+    (( rc != 0 )) && verdict="FAILED (rc=$rc)"
+    (( rc == 124 || rc == 137 )) && verdict="TIMED OUT at its ${limit}s limit"
+    result=$(grep '^RESULT: ' "$WORK/$name.out" | tail -1 | cut -c9-)
+    say "$name: $verdict in $(( $(date +%s) - t0 ))s (at $(elapsed)s)${result:+: $result}"
+    if (( rc != 0 )); then
+        grep -v '^RESULT: ' "$WORK/$name.out" | tail -4 | sed 's/^/    | /' | cut -c1-300
+    fi
     return 0
 }
 
-do_install() {
-    shopt -s nullglob
-    local wheels=(.gpu_data/wheels/*.whl)
-    # only what the machine lacks, offline and without dependencies (the carried set is complete)
-    local need=()
-    for w in "${wheels[@]}"; do
-        local dist mod
-        dist=$(basename "$w" | cut -d- -f1)
-        case "$dist" in
-            nvidia_cudnn_frontend) mod=cudnn ;; pytest_timeout) mod=pytest_timeout ;;
-            *) mod=$dist ;;
-        esac
-        "$PY" -c "import $mod" 2>/dev/null || need+=("$w")
+dry_stage() {   # a stage in a dry run (no GPU here): what of it can be checked without one
+    local s
+    for s in ${GPU_CHECK_DRY_SLEEP:-}; do
+        [ "${s%%=*}" = "$1" ] && sleep "${s#*=}"
     done
-    if (( ${#need[@]} )); then
-        "$PY" -m pip install -q --no-index --no-deps "${need[@]}" || return 1
-    fi
-    echo "installed ${#need[@]} of ${#wheels[@]} carried wheels"
-    "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . \
-        || "$PY" -m pip install -q --no-index --no-deps --no-build-isolation .
+    case $1 in
+        conformance)     # the very selection of the real stage, collected
+            conformance_args
+            "$PY" -m pytest --collect-only -q -p no:cacheprovider -p gpu_check_deadline "${CONFORMANCE[@]}" \
+                > "$WORK/collect.out" 2>&1 || { tail -5 "$WORK/collect.out"; return 1; }
+            echo "RESULT: would run $(grep -c '::' "$WORK/collect.out") tests, of which" \
+                 "$(grep '::' "$WORK/collect.out" | grep -ci standin) stand-in ones" ;;
+        nccl)            # the helper's imports, with the PYTHONPATH the two ranks get
+            "$PY" -c "import pydtnn.parallel.comm, pydtnn.parallel.nccl" || return 1 ;;
+        mnist | mixed)
+            [ -f "$MNIST/t10k-images-idx3-ubyte.gz" ] && [ -f "$MNIST/t10k-labels-idx1-ubyte.gz" ] \
+                || { echo "RESULT: MNIST missing at $MNIST"; return 1; } ;;
+    esac
+}
+
+conformance_args() {
+    # the hardware parameters only (the stand-in glue tests run in CI), the GPU backend's own tests first;
+    # NCCL has its own stage; the pip resolution of the GPU extras needs a network the device lacks
+    CONFORMANCE=(-k "gpu and not standin" --deselect "tests/test_gpu_backend.py::test_nccl_comm_single_rank[gpu]"
+                 --ignore tests/test_gpu_extras.py tests/test_gpu_backend.py tests)
+}
+
+merge_history() {   # merge_history NAME FILE: add FILE's rows to $OUT/histories.json under NAME
+    "$PY" - "$HIST" "$1" "$2" <<'EOF'
+import json, os, sys
+path, name, src = sys.argv[1:4]
+merged = json.load(open(path)) if os.path.exists(path) else {}
+merged[name] = json.load(open(src))
+tmp = path + ".tmp"
+with open(tmp, "w") as f:
+    json.dump(merged, f, indent=1)
+os.replace(tmp, path)
+EOF
 }
 
 do_versions() {
+    shopt -s nullglob
+    local wheels=(.gpu_data/wheels/*.whl)
+    if ! "$PY" -c "import cudnn" 2>/dev/null; then
+        if (( ${#wheels[@]} )); then        # offline, without dependencies (gpu-notes.md: works so)
+            "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/pydtnn-gpu-site "${wheels[@]}" \
+                || echo "installing the carried wheels failed"
+        else
+            echo "no carried wheel in .gpu_data/wheels (run scripts/gpu_check_prepare.sh before): no cuDNN frontend"
+        fi
+    fi
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     "$PY" - <<'EOF'
 import platform, numpy
@@ -93,21 +141,25 @@ print("cupy", cupy.__version__, "CUDA runtime", cupy.cuda.runtime.runtimeGetVers
       "devices", cupy.cuda.runtime.getDeviceCount())
 from pydtnn.backends._cudnn import find_libcudnn
 print("libcudnn found at", find_libcudnn())
+have = {}
 for what, probe in (("cudnn frontend", "import cudnn; print(cudnn.__version__, cudnn.backend_version_string())"),
                     ("nccl", "from cupy.cuda import nccl; print(nccl.available, nccl.get_version())"),
                     ("torch", "import torch; print(torch.__version__, torch.backends.cudnn.version())"),
-                    ("numba", "import numba; print(numba.__version__)")):
+                    ("mpi4py", "import mpi4py; print(mpi4py.__version__)")):
     try:
         print(what, end=": ", flush=True)
         exec(probe)
+        have[what] = True
     except Exception as e:
         print("NOT AVAILABLE", type(e).__name__, e)
+        have[what] = False
 import numpy as np
 from pydtnn.backends import ConvSpec
 from pydtnn.backends.gpu import GPUBackend
+conv = []
 for dtype, precision in (("float32", "fp32"), ("float32", "tf32"), ("float64", "fp32")):
     try:
-        be = GPUBackend(dtype=dtype, precision=precision)
+        be = GPUBackend(dtype=dtype, precision=precision, deterministic=True)
         spec = ConvSpec(16, 32, (3, 3), (2, 2), (1, 1))
         x = be.asarray(np.random.default_rng(0).standard_normal((4, 16, 20, 20)))
         w = be.asarray(np.random.default_rng(1).standard_normal((32, 16, 3, 3)))
@@ -115,22 +167,42 @@ for dtype, precision in (("float32", "fp32"), ("float32", "tf32"), ("float64", "
         be.conv2d_backward_data(y, w, ctx, spec)
         be.conv2d_backward_weights(y, ctx, spec, True)
         be.synchronize()
-        print(f"conv {dtype} {precision}:", be.conv_report())
+        report = be.conv_report()
+        print(f"conv {dtype} {precision}:", report)
+        conv.append(f"{dtype}/{precision} frontend {report['served']['frontend']} legacy {report['served']['legacy']}")
     except Exception as e:
         print(f"conv {dtype} {precision}: FAILED", type(e).__name__, " ".join(str(e).split())[:400])
+        conv.append(f"{dtype}/{precision} FAILED")
+missing = [k for k, v in have.items() if not v]
+print(f"RESULT: cupy {cupy.__version__}, {cupy.cuda.runtime.getDeviceCount()} device(s); convolutions: "
+      + "; ".join(conv) + (f"; missing: {', '.join(missing)}" if missing else ""))
 EOF
 }
 
 do_conformance() {
     local extra=()
     "$PY" -c "import pytest_timeout" 2>/dev/null && extra=(--timeout 60)
-    # the "gpu" parameters only (the stand-in glue tests run in CI); -v: a line per test as it ends
-    "$PY" -m pytest -v -rfE -p no:cacheprovider "${extra[@]}" --junitxml="$OUT/conformance.xml" \
-        -k "not standin" tests/test_gpu_backend.py tests/test_layers_gradients.py
+    # gpu_check_deadline stops starting tests 8 s before the stage's end, so that pytest still writes its
+    # JUnit XML (only at the end)
+    conformance_args
+    GPU_CHECK_DEADLINE=$(( STAGE_END - 8 )) "$PY" -m pytest -v -rfE -p no:cacheprovider -p gpu_check_deadline \
+        "${extra[@]}" --junitxml="$OUT/conformance.xml" "${CONFORMANCE[@]}"
+    local rc=$?
+    "$PY" - "$OUT/conformance.xml" <<'EOF'
+import sys, xml.etree.ElementTree as ET
+try:
+    root = ET.parse(sys.argv[1]).getroot()
+except Exception as e:
+    print(f"RESULT: no JUnit XML ({type(e).__name__})"); sys.exit(0)
+suite = root if root.tag == "testsuite" else root.find("testsuite")
+n, f, e, s = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+print(f"RESULT: {n - f - e - s} passed, {f} failed, {e} errors, {s} skipped (of {n} run)")
+EOF
+    return $rc
 }
 
 do_nccl() {
-    cat > "$OUT/nccl_two_ranks.py" <<'EOF'
+    cat > "$WORK/nccl_two_ranks.py" <<'EOF'
 from pydtnn.errors import ConfigError
 from pydtnn.parallel.comm import make_comm
 try:
@@ -139,36 +211,62 @@ try:
 except ConfigError as e:
     print(f"REFUSED as expected: {e}", flush=True)
 EOF
-    local rc=0
-    mpirun --allow-run-as-root -np 2 "$PY" -m mpi4py "$OUT/nccl_two_ranks.py" > "$OUT/nccl_two_ranks.out" 2>&1
-    cat "$OUT/nccl_two_ranks.out"
-    [ "$(grep -c '^REFUSED as expected: NCCL needs one GPU per rank' "$OUT/nccl_two_ranks.out")" = 2 ] || rc=1
-    "$PY" -m pytest -v -rfE -p no:cacheprovider --junitxml="$OUT/nccl.xml" \
-        "tests/test_gpu_backend.py::test_nccl_comm_single_rank[gpu]" || rc=1
+    local rc=0 refused one
+    mpirun --allow-run-as-root -np 2 -x PYTHONPATH "$PY" -m mpi4py "$WORK/nccl_two_ranks.py" > "$WORK/nccl2.out" 2>&1
+    cat "$WORK/nccl2.out"
+    refused=$(grep -c '^REFUSED as expected: NCCL needs one GPU per rank' "$WORK/nccl2.out")
+    [ "$refused" = 2 ] || rc=1
+    "$PY" -m pytest -q -rfE -p no:cacheprovider "tests/test_gpu_backend.py::test_nccl_comm_single_rank[gpu]" \
+        > "$WORK/nccl1.out" 2>&1
+    one=$?
+    cat "$WORK/nccl1.out"
+    (( one != 0 )) && rc=1
+    echo "RESULT: one rank: $( (( one == 0 )) && echo passed || echo FAILED); two ranks on one GPU: refused on" \
+         "$refused of 2 ranks with one line"
     return $rc
 }
 
 do_mnist() {
-    [ -f "$MNIST/t10k-images-idx3-ubyte.gz" ] || { echo "MNIST missing at $MNIST"; return 2; }
+    [ -f "$MNIST/t10k-images-idx3-ubyte.gz" ] || { echo "RESULT: MNIST missing at $MNIST"; return 2; }
     "$PY" scripts/pydtnn_benchmark.py --model simplecnn --dataset mnist --dataset_train_path "$MNIST" \
         --validation_split 0.2 --num_epochs 3 --learning_rate 0.05 --batch_size 64 --lr_schedulers "" \
-        --progress_bar false --enable_gpu true --history_file "$OUT/mnist_history.json" || return 1
-    "$PY" - "$OUT/mnist_history.json" <<'EOF'
+        --progress_bar false --enable_gpu true --enable_cudnn_auto_conv_alg false \
+        --history_file "$WORK/mnist.json" || return 1
+    merge_history mnist "$WORK/mnist.json"
+    "$PY" - "$WORK/mnist.json" <<'EOF'
 import json, sys
 rows = json.load(open(sys.argv[1]))
 acc = rows[-1]["val_categorical_accuracy"]
-print(f"MNIST held-out accuracy after {len(rows)} epochs on the GPU: {acc:.4f}", "OK" if acc >= 0.95 else "BELOW 0.95")
+print(f"RESULT: held-out accuracy {acc:.4f} after {len(rows)} epochs on the GPU:", "OK" if acc >= 0.95 else "BELOW 0.95")
 sys.exit(0 if acc >= 0.95 else 1)
 EOF
 }
 
+do_bench() {
+    # ResNet-50 first, fp32 then TF32, then VGG-16; --max_seconds: start no configuration that cannot finish
+    "$PY" scripts/bench_gpu.py --models resnet50_imagenet,vgg16_imagenet --precision fp32,tf32 --batch 64 \
+        --steps 8 --warmup 2 --jsonl "$OUT/bench.jsonl" --json "$WORK/bench.json" \
+        --max_seconds $(( STAGE_LIMIT > 40 ? STAGE_LIMIT - 30 : 5 ))
+    local rc=$?
+    "$PY" - "$OUT/bench.jsonl" <<'EOF'
+import json, os, sys
+rows = [json.loads(l) for l in open(sys.argv[1])] if os.path.exists(sys.argv[1]) else []
+done = [f"{r['model'].split('_')[0]} {r['precision']} ours {r['ours_ms']:.1f} ms"
+        + (f" torch {r['torch_ms']:.1f} ms" if r.get("torch_ms") else "") for r in rows if "ours_ms" in r]
+print(f"RESULT: {len(done)} of 4 configurations measured" + (": " + "; ".join(done) if done else ""))
+EOF
+    return $rc
+}
+
 do_resume() {
-    # vgg3do has dropout: bit-exact resume needs the GPU generator's state in the checkpoint
-    local d="$OUT/resume" common
-    common=(--model vgg3do --dataset cifar10 --use_synthetic_data true --synthetic_samples 512 --batch_size 64
-            --seed 5 --progress_bar false --enable_gpu true --lr_schedulers model_checkpoint
-            --model_checkpoint_save_freq 1)
+    # vgg3do has dropout: bit-exact needs the GPU generator's state in the checkpoint, deterministic cuDNN
+    # plans and no autotuning (two processes could pin different plans)
+    local d="$WORK/resume" common
+    common=(--model vgg3do --dataset cifar10 --use_synthetic_data true --synthetic_samples 256 --batch_size 64
+            --seed 5 --progress_bar false --enable_gpu true --enable_cudnn_auto_conv_alg false
+            --lr_schedulers model_checkpoint --model_checkpoint_save_freq 1)
     mkdir -p "$d"
+    export PYDTNN_GPU_DETERMINISTIC=1
     "$PY" scripts/pydtnn_benchmark.py "${common[@]}" --num_epochs 2 --checkpoint_dir "$d/a" \
         --save_weights_and_bias_filename "$d/full.npz" || return 1
     "$PY" scripts/pydtnn_benchmark.py "${common[@]}" --num_epochs 1 --checkpoint_dir "$d/b" || return 1
@@ -178,52 +276,55 @@ do_resume() {
 import sys
 import numpy as np
 a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
-bad = [k for k in a.files if not np.array_equal(a[k], b[k])]
-print("GPU resume bit-exact:", "OK" if not bad and sorted(a.files) == sorted(b.files) else f"DIFFERS in {bad}")
+bad = [k for k in a.files if k not in b.files or not np.array_equal(a[k], b[k])]
+print("RESULT: GPU resume bit-exact:", "OK" if not bad and sorted(a.files) == sorted(b.files) else f"DIFFERS in {bad}")
 sys.exit(1 if bad else 0)
 EOF
 }
 
 mixed_job() {   # mixed_job static|dynamic
-    mpirun --allow-run-as-root --oversubscribe -np 3 "$PY" -m mpi4py scripts/pydtnn_benchmark.py \
+    mpirun --allow-run-as-root --oversubscribe -np 3 -x PYTHONPATH "$PY" -m mpi4py scripts/pydtnn_benchmark.py \
         --parallel data --devices gpu,cpu,cpu --balance "$1" --model simplecnn --dataset mnist \
-        --dataset_train_path "$MNIST" --validation_split 0.2 --global_batch_size 192 --num_epochs 1 \
+        --dataset_train_path "$MNIST" --validation_split 0.5 --global_batch_size 192 --num_epochs 1 \
         --learning_rate 0.05 --lr_schedulers "" --threads_per_replica 4 --progress_bar false \
-        --rebalance_interval 10 --history_file "$OUT/mixed_$1_history.json" || return 1
-    "$PY" - "$OUT/mixed_$1_history.json" "$1" <<'EOF'
+        --enable_cudnn_auto_conv_alg false --rebalance_interval 5 --history_file "$WORK/mixed_$1.json" || return 1
+    merge_history "mixed_$1" "$WORK/mixed_$1.json"
+    "$PY" - "$WORK/mixed_$1.json" "$1" <<'EOF'
 import json, sys
 row = json.load(open(sys.argv[1]))[-1]
 for r in range(3):
     print(f"{sys.argv[2]} replica {r} ({'gpu' if r == 0 else 'cpu'}): b_i={row.get(f'rank{r}_b')} "
           f"compute_s={row.get(f'rank{r}_compute_s')} wait_s={row.get(f'rank{r}_wait_s')}")
-print(sys.argv[2], "val_categorical_accuracy", row.get("val_categorical_accuracy"))
+print(f"MIXED {sys.argv[2]}: b = {[row.get(f'rank{r}_b') for r in range(3)]}, "
+      f"val accuracy {row.get('val_categorical_accuracy')}")
 EOF
 }
 
 do_mixed() {
     local rc=0
-    mixed_job static || rc=1
-    mixed_job dynamic || rc=1
+    mixed_job static > "$WORK/mixed_static.out" 2>&1 || rc=1
+    cat "$WORK/mixed_static.out"
+    mixed_job dynamic > "$WORK/mixed_dynamic.out" 2>&1 || rc=1
+    cat "$WORK/mixed_dynamic.out"
+    echo "RESULT: $(grep -h '^MIXED ' "$WORK"/mixed_*.out | cut -c7- | paste -sd ';' -)"
     return $rc
 }
 
-do_bench() {
-    # --max_seconds: start no configuration that would not finish inside the stage
-    "$PY" scripts/bench_gpu.py --models resnet50_imagenet,vgg16_imagenet --precision fp32,tf32 --batch 64 \
-        --steps 8 --warmup 2 --jsonl "$OUT/bench.jsonl" --json "$OUT/bench.json" \
-        --max_seconds $(( STAGE_LIMIT > 60 ? STAGE_LIMIT - 45 : 10 ))
-}
-
-export PY OUT MNIST
-export -f do_install do_versions do_conformance do_nccl do_mnist do_resume mixed_job do_mixed do_bench
-echo "PyDTNN GPU check, $(date -u), budget ${BUDGET}s, output in $OUT" | tee -a "$SUMMARY"
-stage install 25 do_install
-stage versions 20 do_versions
-stage conformance 80 do_conformance
-stage nccl 25 do_nccl
-stage mnist 40 do_mnist
-stage resume 35 do_resume
-stage mixed 45 do_mixed
-stage bench 150 do_bench
-echo "total: $(elapsed)s" | tee -a "$SUMMARY"
-echo; echo "=== summary"; cat "$SUMMARY"
+export PY OUT WORK MNIST HIST REPO
+export -f conformance_args do_versions do_conformance do_nccl do_mnist do_bench do_resume mixed_job do_mixed dry_stage merge_history
+limits=""
+total=0
+for s in "${STAGES[@]}"; do
+    var="GPU_CHECK_LIMIT_${s%%:*}"
+    limits+=" ${s%%:*}=${!var:-${s#*:}}"
+    total=$(( total + ${!var:-${s#*:}} ))
+done
+say "PyDTNN GPU check$( (( DRY )) && echo ' (DRY RUN: no GPU stage runs)'), $(date -u +%Y-%m-%dT%H:%M:%SZ), budget ${BUDGET}s; stage limits (${total}s):${limits}"
+for s in "${STAGES[@]}"; do
+    stage "${s%%:*}" "${s#*:}"
+done
+nfiles=$(find "$OUT" -mindepth 1 | wc -l)
+say "total: $(elapsed)s; $nfiles file(s) in \$OUT: $(cd "$OUT" && ls | paste -sd ' ' -)"
+(( nfiles > 5 )) && say "WARNING: more than the 5 files this check means to bring back"
+rm -rf "$WORK"
+exit 0

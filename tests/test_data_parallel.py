@@ -76,7 +76,7 @@ def test_local_batchnorm_breaks_the_invariant():
     assert r["rel_diff"] > 1e-6 and r["stats_rel_diff"] > 1e-6, r
 
 
-def test_glue_synchronized_batchnorm_in_a_mixed_gpu_cpu_job():
+def test_glue_standin_synchronized_batchnorm_in_a_mixed_gpu_cpu_job():
     """Rank 0 on the GPU backend over the host stand-in (tests/gpu_standin: glue, not a GPU), ranks 1-2 on
     the CPU: the synchronized statistics cross backends through host buffers."""
     import gpu_standin

@@ -62,16 +62,16 @@ def test_pooling(pool, in_shape, kw, backend_name):
 @pytest.mark.parametrize("in_shape", [(3, 5, 4), (7,)])
 def test_batchnorm_training(in_shape, backend_name):
     model = build(backend_name, in_shape, BatchNormalization())
-    model.layers[1].gamma[...] = np.linspace(0.5, 1.5, in_shape[0])
-    model.layers[1].beta[...] = np.linspace(-1, 1, in_shape[0])
+    model.layers[1].gamma[...] = model.backend.asarray(np.linspace(0.5, 1.5, in_shape[0]))
+    model.layers[1].beta[...] = model.backend.asarray(np.linspace(-1, 1, in_shape[0]))
     assert_gradients(model, batch(in_shape, n=4))
 
 
 def test_batchnorm_inference(backend_name):
     model = build(backend_name, (3, 4, 4), BatchNormalization())
     bn = model.layers[1]
-    bn.mean[...] = [0.1, -0.2, 0.3]
-    bn.var[...] = [0.5, 2.0, 1.5]
+    bn.mean[...] = model.backend.asarray(np.array([0.1, -0.2, 0.3]))
+    bn.var[...] = model.backend.asarray(np.array([0.5, 2.0, 1.5]))
     assert_gradients(model, batch((3, 4, 4)), training=False)
 
 

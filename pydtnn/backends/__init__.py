@@ -225,14 +225,15 @@ class Backend:
 
 
 # The options each backend takes (anything else is a ConfigError, not silently ignored).
-BACKEND_OPTIONS = {"cpu": ("conv_algorithm",), "gpu": ("precision", "auto_conv_alg", "device", "conv_impl")}
+BACKEND_OPTIONS = {"cpu": ("conv_algorithm",),
+                   "gpu": ("precision", "auto_conv_alg", "device", "conv_impl", "deterministic")}
 
 
 def get_backend(name: str = "cpu", dtype="float32", seed: int = 0, **options) -> Backend:
     """A fresh backend object; two models may hold two different backends in one process.
 
     CPU options: conv_algorithm="auto"|"direct"|"winograd". GPU options: precision="fp32"|"tf32",
-    auto_conv_alg=bool, device=int, conv_impl. An option the backend does not know is a ConfigError.
+    auto_conv_alg=bool, device=int, conv_impl, deterministic=bool. An option the backend does not know is a ConfigError.
     """
     if name not in BACKEND_OPTIONS:
         raise ConfigError(f"unknown backend {name!r}: choose 'cpu' or 'gpu'")

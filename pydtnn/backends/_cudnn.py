@@ -21,9 +21,25 @@ BETTER DEFAULT IS TO BE CONFIRMED BY MEASUREMENT ON THE DEVICE (scripts/bench_gp
 0.157/0.152/0.231 ms TF32, 0.364/0.244/0.570 ms strict fp32); the frontend's Python-side cost per
 execute and the legacy API's algorithm choice are what the measurement must weigh.
 
-Precision: with float32 data, "fp32" is strict (frontend: plans with the TENSOR_CORE /
-DOWN_CONVERT_INPUTS / REDUCED_PRECISION_REDUCTION numerical notes deselected; legacy: CUDNN_FMA_MATH) and
-"tf32" lets cuDNN use TF32 tensor cores. float64 is always computed in double.
+Precision: with float32 data, "fp32" is strict: the frontend deselects plans with the TENSOR_CORE /
+DOWN_CONVERT_INPUTS / REDUCED_PRECISION_REDUCTION numerical notes, and the FFT and WINOGRAD(_TILE_*) ones,
+whose float32 error can exceed the 1e-5 the tests promise; the legacy API uses CUDNN_FMA_MATH and skips the
+FFT, FFT_TILING, WINOGRAD and WINOGRAD_NONFUSED algorithms. "tf32" lets cuDNN use TF32 tensor cores (and
+any algorithm). float64 is always computed in double.
+
+Determinism (`deterministic=True`, for bit-exact reruns and resumes): the frontend deselects plans with the
+NONDETERMINISTIC numerical note (atomics: the bits vary from run to run); the legacy API takes only
+algorithms whose `determinism` is CUDNN_DETERMINISTIC (1). Bit-exact ACROSS PROCESSES (a resumed run
+against the uninterrupted one) also needs the same plan in both: autotuning measures, so it may pin
+different plans in two processes; with `autotune=False` the choice is the heuristics', the same every time.
+
+Plans are built one index at a time, each inside a try: in Frontend 1.32 only NotImplementedError,
+cudnnGraphNotSupportedError and ImportError count as a plan declining in `build_plans()`, and a plan that
+raises anything else (a deselected plan raises RuntimeError too) would take the whole graph down with it.
+Without autotuning the first plan that builds serves the graph (the heuristics' order); with it, every
+plan that builds is timed and the fastest is pinned; plans run by index (`execute_plan_at_index`). The
+first plan that fails (other than deselected by our filters or declining) is logged once per runner (logger
+"pydtnn.gpu"); `report()` counts every plan passed over, by reason.
 
 Both share one workspace buffer (CuPy memory pool, grown on demand, reused) and run on CuPy's current
 stream. Nothing is allocated per call in steady state.
@@ -36,6 +52,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import glob
+import logging
 import os
 import site
 import sys
@@ -49,6 +66,10 @@ OPS = ("fprop", "dgrad", "wgrad")
 IMPLS = ("auto", "frontend", "legacy")
 _AUTOTUNE_WS_LIMIT = 1 << 30          # plans / algorithms needing more workspace are not tried
 _CUDNN_SUBDIRS = ("nvidia/cudnn/lib", "nvidia/cu13/lib", "nvidia/cu12/lib")
+LOG = logging.getLogger("pydtnn.gpu")
+# numerical notes whose float32 error can exceed strict fp32's 1e-5 (besides tensor cores' TF32)
+_STRICT_NOTES = ("TENSOR_CORE", "DOWN_CONVERT_INPUTS", "REDUCED_PRECISION_REDUCTION", "FFT", "WINOGRAD",
+                 "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13")
 
 
 # ----------------------------------------------------------------------------------- library locator
@@ -152,14 +173,16 @@ class FrontendConv:
     """Convolutions through `cudnn.pygraph`; built graphs cached per (op, shapes, spec)."""
     name = "frontend"
 
-    def __init__(self, cupy, dtype, precision, autotune, workspace):
+    def __init__(self, cupy, dtype, precision, autotune, workspace, deterministic=False):
         import cudnn     # ImportError when nvidia-cudnn-frontend is missing: the caller falls back
         self.cudnn, self.cp, self.ws = cudnn, cupy, workspace
         self.dt = cudnn.data_type.DOUBLE if np.dtype(dtype) == np.float64 else cudnn.data_type.FLOAT
         self.strict = np.dtype(dtype) == np.float32 and precision == "fp32"
-        self.autotune = autotune
+        self.autotune, self.deterministic = autotune, deterministic
         self.handle = cudnn.create_handle()
         self.graphs = {}
+        self.passed_over = {"deselected": 0, "declined": 0, "failed": 0}      # plans the walks passed over
+        self._logged = False
         self._stream = None
 
     def _set_stream(self):
@@ -167,6 +190,11 @@ class FrontendConv:
         if s != self._stream:
             self.cudnn.set_stream(handle=self.handle, stream=s)
             self._stream = s
+
+    def deselected_notes(self) -> list:
+        """The numerical notes this runner's precision and determinism rule out."""
+        names = list(_STRICT_NOTES if self.strict else ()) + (["NONDETERMINISTIC"] if self.deterministic else [])
+        return [getattr(self.cudnn.numerical_note, n) for n in names]
 
     def _build(self, op, x, w, y, spec):
         c, dt = self.cudnn, self.dt
@@ -193,49 +221,59 @@ class FrontendConv:
         g.validate()
         g.build_operation_graph()
         g.create_execution_plans([c.heur_mode.A, c.heur_mode.FALLBACK])
-        if self.strict:
-            g.deselect_numeric_notes([c.numerical_note.TENSOR_CORE, c.numerical_note.DOWN_CONVERT_INPUTS,
-                                      c.numerical_note.REDUCED_PRECISION_REDUCTION])
+        notes = self.deselected_notes()
+        if notes:
+            g.deselect_numeric_notes(notes)
         g.check_support()
         pack = {X: x.data.ptr, W: w.data.ptr, Y: y.data.ptr}
-        if self.autotune:
-            plan = self._autotune(g, pack)
-        else:
-            g.build_plans()
-            plan = None
-        if plan is not None:
-            return g, X, W, Y, int(g.get_workspace_size_plan_at_index(plan)), plan
-        return g, X, W, Y, int(g.get_workspace_size()), None
+        plan = self._choose_plan(op, g, pack)
+        return g, X, W, Y, int(g.get_workspace_size_plan_at_index(plan)), plan
 
-    def _autotune(self, g, pack):
-        """Build every plan, time each that runs, pin the fastest (the frontend's autotune, by hand).
-        Returns None when the graph's default plan is to run (the fastest selected with `select_plan`, or
-        nothing measurable), or the fastest plan's index where the frontend predates `select_plan`
-        (before 1.32: then `run` executes that plan by index)."""
-        c = self.cudnn
-        if not hasattr(g, "execute_plan_at_index"):       # cannot time plans one by one: heuristics' choice
-            g.build_plans()
-            return None
-        g.build_plans(c.build_plan_policy.ALL)
-        best = None
-        for i in range(g.get_execution_plan_count()):
+    def _passed_over(self, e) -> str:
+        """Why a plan is not a candidate: "deselected" (by our numerical-note filter: the backend raises
+        RuntimeError "Deselecting execution plan", the Python layer ValueError "excluded by"), "declined" (the
+        frontend's decline types: the engine does not serve this graph) or "failed" (anything else)."""
+        text = str(e)
+        if "Deselect" in text or "excluded by" in text:
+            return "deselected"
+        declines = (NotImplementedError, ImportError, getattr(self.cudnn, "cudnnGraphNotSupportedError", ()))
+        # "Skipping plan since shared memory / workspace violation": the backend's own limits, a decline too
+        return "declined" if isinstance(e, declines) or "Skipping plan" in text else "failed"
+
+    def _choose_plan(self, op, g, pack) -> int:
+        """The index of the plan to run: without autotuning the first that builds, with it the fastest of
+        those that build and run (timed here, which may overwrite the output buffer: computed right after)."""
+        best, failed = None, []
+        for i in range(int(g.get_execution_plan_count())):
             try:
+                g.build_plan_at_index(i)
                 need = int(g.get_workspace_size_plan_at_index(i))
-                if need > _AUTOTUNE_WS_LIMIT:
+                if self.autotune and need > _AUTOTUNE_WS_LIMIT:
                     continue
-                ws = self.ws.ptr(need)
-                ms = _time_ms(self.cp, lambda: g.execute_plan_at_index(pack, ws, index=i, handle=self.handle))
-            except Exception:  # noqa: BLE001 - a barred, unbuilt or failing plan is simply not a candidate
+                if self.autotune:
+                    ws = self.ws.ptr(need)
+                    ms = _time_ms(self.cp, lambda: g.execute_plan_at_index(pack, ws, index=i, handle=self.handle))
+            except Exception as e:  # noqa: BLE001 - a deselected, declining or failing plan: the next one
+                why = self._passed_over(e)
+                self.passed_over[why] += 1
+                if why == "failed":
+                    failed.append((i, " ".join(f"{type(e).__name__}: {e}".split())[:200]))
                 continue
+            if not self.autotune:
+                best = (0.0, i)
+                break
             if best is None or ms < best[0]:
                 best = (ms, i)
+        if failed and not self._logged:
+            self._logged = True
+            served = f"plan {best[1]} serves it" if best else "no plan serves it"
+            LOG.warning("pydtnn: note: cuDNN frontend %s graph: plan %d failed to build or run (%s); %s (this note "
+                        "is printed once; GPUBackend.conv_report() counts every plan passed over)",
+                        op, failed[0][0], failed[0][1], served)
         if best is None:
-            return None
-        if not hasattr(g, "select_plan"):
-            return best[1]
-        g.select_plan(best[1])
-        g.build_plans()
-        return None
+            raise RuntimeError(f"no execution plan of the {op} graph builds and runs"
+                               + (": " + "; ".join(f"[{i}] {why}" for i, why in failed[:3]) if failed else ""))
+        return best[1]
 
     def run(self, op, x, w, y, spec):
         key = (op, x.shape, w.shape, y.shape, spec)
@@ -245,10 +283,7 @@ class FrontendConv:
             entry = self.graphs[key] = self._build(op, x, w, y, spec)
         g, X, W, Y, wsize, plan = entry
         pack = {X: x.data.ptr, W: w.data.ptr, Y: y.data.ptr}
-        if plan is None:
-            g.execute(pack, self.ws.ptr(wsize), handle=self.handle)
-        else:       # a frontend without select_plan: run the autotuned plan by its index
-            g.execute_plan_at_index(pack, self.ws.ptr(wsize), index=plan, handle=self.handle)
+        g.execute_plan_at_index(pack, self.ws.ptr(wsize), index=plan, handle=self.handle)
 
 
 # --------------------------------------------------------------------------- legacy C API (fallback)
@@ -264,6 +299,10 @@ _CUDNN_DATA_FLOAT, _CUDNN_DATA_DOUBLE = 0, 1
 _CUDNN_TENSOR_NCHW = 0
 _CUDNN_CROSS_CORRELATION = 1
 _CUDNN_DEFAULT_MATH, _CUDNN_TENSOR_OP_MATH, _CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION, _CUDNN_FMA_MATH = 0, 1, 2, 3
+_CUDNN_DETERMINISTIC = 1
+# FFT, FFT_TILING, WINOGRAD, WINOGRAD_NONFUSED of cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t (cudnn_cnn.h):
+# not strict fp32 (their float32 error can exceed 1e-5)
+_LEGACY_INEXACT = {"fprop": {4, 5, 6, 7}, "dgrad": {2, 3, 4, 5}, "wgrad": {2, 4, 5, 6}}
 # op -> (heuristics, measurement, workspace size, execution) entry points
 _LEGACY_FUNCS = {
     "fprop": ("cudnnGetConvolutionForwardAlgorithm_v7", "cudnnFindConvolutionForwardAlgorithmEx",
@@ -279,8 +318,9 @@ class LegacyConv:
     """Convolutions through the cuDNN 9 legacy C API (ctypes); descriptors cached per geometry."""
     name = "legacy"
 
-    def __init__(self, cupy, dtype, precision, autotune, workspace):
+    def __init__(self, cupy, dtype, precision, autotune, workspace, deterministic=False):
         self.lib, self.cp, self.ws, self.autotune = load_libcudnn(), cupy, workspace, autotune
+        self.deterministic = deterministic
         self.lib.cudnnGetErrorString.restype = ctypes.c_char_p
         double = np.dtype(dtype) == np.float64
         self.dt = _CUDNN_DATA_DOUBLE if double else _CUDNN_DATA_FLOAT
@@ -357,7 +397,10 @@ class LegacyConv:
         for p in perf[:count.value]:
             if p.status != 0:
                 continue
-            if self.strict and p.mathType in (_CUDNN_TENSOR_OP_MATH, _CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION):
+            if self.strict and (p.mathType in (_CUDNN_TENSOR_OP_MATH, _CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)
+                                or p.algo in _LEGACY_INEXACT[op]):
+                continue
+            if self.deterministic and p.determinism != _CUDNN_DETERMINISTIC:
                 continue
             math = _CUDNN_FMA_MATH if self.strict else p.mathType
             self._set_math(d, math)
@@ -367,7 +410,9 @@ class LegacyConv:
             except RuntimeError:
                 continue
             return p.algo, size.value, math
-        raise RuntimeError(f"cuDNN offers no usable {op} algorithm for this convolution")
+        rules = [r for r, on in (("strict fp32", self.strict), ("deterministic", self.deterministic)) if on]
+        raise RuntimeError(f"cuDNN offers no usable {op} algorithm for this convolution"
+                           + (f" ({' and '.join(rules)})" if rules else ""))
 
     def run(self, op, x, w, y, spec):
         self._set_stream()
@@ -391,19 +436,20 @@ class ConvRunner:
     """Frontend first, legacy API where the frontend is missing or declines a geometry (see the module
     docstring). `report()` says which implementation serves which convolution."""
 
-    def __init__(self, cupy, dtype, precision="fp32", impl=None, autotune=False):
+    def __init__(self, cupy, dtype, precision="fp32", impl=None, autotune=False, deterministic=False):
         if impl is None:                         # an explicit argument beats the environment
             impl = os.environ.get("PYDTNN_GPU_CONV") or "auto"
         if impl not in IMPLS:
             raise ConfigError(f"GPU convolution implementation must be one of {', '.join(IMPLS)}, got {impl!r}")
         self.cp, self.dtype, self.precision, self.impl, self.autotune = cupy, dtype, precision, impl, autotune
+        self.deterministic = bool(deterministic)
         self.workspace = Workspace(cupy)
         self.frontend = self.legacy = None
         self.fallbacks = {}          # key (or "frontend") -> why the legacy API serves it
         self.served = {}             # key -> "frontend" | "legacy"
         if impl in ("auto", "frontend"):
             try:
-                self.frontend = FrontendConv(cupy, dtype, precision, autotune, self.workspace)
+                self.frontend = FrontendConv(cupy, dtype, precision, autotune, self.workspace, self.deterministic)
             except (ImportError, RuntimeError, OSError) as e:
                 # ImportError: not installed; RuntimeError / OSError: installed, but its loader finds no
                 # usable libcudnn ("Unable to find symbol cudnnCreate" from create_handle)
@@ -416,7 +462,8 @@ class ConvRunner:
     def _legacy(self, why=None):
         if self.legacy is None:
             try:
-                self.legacy = LegacyConv(self.cp, self.dtype, self.precision, self.autotune, self.workspace)
+                self.legacy = LegacyConv(self.cp, self.dtype, self.precision, self.autotune, self.workspace,
+                                         self.deterministic)
             except ConfigError as e:
                 if why is None:
                     raise
@@ -440,6 +487,10 @@ class ConvRunner:
                 if self.impl == "frontend":
                     raise
                 why = self.fallbacks[key] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+                if sum(1 for k in self.fallbacks if k != "frontend") == 1:
+                    LOG.warning("pydtnn: note: the cuDNN frontend cannot serve a %s convolution (%s): the legacy "
+                                "cuDNN API serves it (this note is printed once; GPUBackend.conv_report() lists "
+                                "every fall-back)", op, why)
         self._legacy(why).run(op, x, w, y, spec)
         self.served[key] = "legacy"
         return None
@@ -448,5 +499,6 @@ class ConvRunner:
         counts = {"frontend": 0, "legacy": 0}
         for how in self.served.values():
             counts[how] += 1
-        return {"impl": self.impl, "autotune": self.autotune, "served": counts,
+        return {"impl": self.impl, "autotune": self.autotune, "deterministic": self.deterministic,
+                "served": counts, "plans_passed_over": dict(self.frontend.passed_over) if self.frontend else {},
                 "fallbacks": {str(k): v for k, v in self.fallbacks.items()}}

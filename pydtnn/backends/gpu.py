@@ -9,6 +9,10 @@
   deselected, CuPy matmul with TF32 off) or "tf32" (cuDNN and cuBLAS may use TF32 tensor cores);
   visible as `backend.precision`. float64 is always double. CuPy's matmul compute type is process-wide:
   the float32 GPU backend created last sets it (`apply_precision()` sets it again).
+- `deterministic` (default: $PYDTNN_GPU_DETERMINISTIC, else off): only cuDNN plans / algorithms that give
+  the same bits every run (see `_cudnn`); every other GPU kernel here is deterministic already. For a
+  resumed run bit-exact against the uninterrupted one, turn autotuning off too (`auto_conv_alg=False`,
+  `--enable_cudnn_auto_conv_alg false`): autotuning measures, and two processes may pin different plans.
 - Pooling: CuPy RawKernels (`_gpu_kernels`), max with the FIRST arg-max in window order and -inf
   padding, avg counting padded zeros; backward gathers per input element (deterministic). Global average
   pooling is a CuPy reduction.
@@ -25,6 +29,7 @@ ConfigError when CuPy or a device is missing, and the pure device-choice functio
 """
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -34,7 +39,21 @@ from pydtnn.backends._gpu_device import use_device
 from pydtnn.errors import ConfigError, ShapeError
 
 PRECISIONS = ("fp32", "tf32")
+DETERMINISTIC_VAR = "PYDTNN_GPU_DETERMINISTIC"
 _BLOCK = 256
+
+
+def _deterministic(value) -> bool:
+    """The `deterministic` option: the argument when given, else $PYDTNN_GPU_DETERMINISTIC (1/true/yes: on),
+    else off."""
+    if value is None:
+        env = os.environ.get(DETERMINISTIC_VAR, "").strip().lower()
+        if env not in ("", "0", "1", "true", "false", "yes", "no"):
+            raise ConfigError(f"{DETERMINISTIC_VAR} must be 1 or 0, got {env!r}")
+        return env in ("1", "true", "yes")
+    if not isinstance(value, bool):
+        raise ConfigError(f"GPU option deterministic must be True or False, got {value!r}")
+    return value
 
 
 def _set_matmul_precision(precision: str) -> None:
@@ -52,10 +71,11 @@ class GPUBackend(Backend):
     layout = "NCHW"
 
     def __init__(self, dtype="float32", seed: int = 0, device=None, precision: str = "fp32",
-                 auto_conv_alg: bool = False, conv_impl: str | None = None):
+                 auto_conv_alg: bool = False, conv_impl: str | None = None, deterministic: bool | None = None):
         self.dtype = parse_dtype(dtype, "gpu")
         if precision not in PRECISIONS:
             raise ConfigError(f"GPU precision must be 'fp32' or 'tf32', got {precision!r}")
+        self.deterministic = _deterministic(deterministic)
         cupy, self.device = use_device(device)          # before any allocation
         self.xp = cupy
         self.precision = precision
@@ -67,7 +87,7 @@ class GPUBackend(Backend):
         self._unused_index = None
         self.seed(seed)
         from pydtnn.backends._cudnn import ConvRunner
-        self.conv = ConvRunner(cupy, self.dtype, precision, conv_impl, self.auto_conv_alg)
+        self.conv = ConvRunner(cupy, self.dtype, precision, conv_impl, self.auto_conv_alg, self.deterministic)
 
     def apply_precision(self) -> None:
         """Set CuPy's float32 matmul compute type (process-wide in CuPy) to this backend's precision; done at

@@ -14,10 +14,12 @@ Every communicator has
     gather_object(obj, root=0)       pickled; for end-of-run reports only, never on a hot path
 
 MPI goes through mpi4py's buffer methods (``Bcast``, ``Allreduce``, ``Iallreduce``, ``Allgather``). Device
-arrays (CuPy) are staged through host memory by `to_host` / `from_host` in the MPI communicator; an
-``NCCLComm`` with the same methods working on device buffers can be registered in ``_FACTORIES``.
+arrays (CuPy) are staged through host memory by `to_host` / `from_host` in the MPI communicator (also for
+``iallreduce_sum_``: the host copy is reduced, and ``wait()`` copies the result back); ``NCCLComm``
+(parallel/nccl.py) reduces device buffers where they are.
 
-`BucketedReducer` overlaps the gradient reduction with the backward pass (``--non_blocking_mpi``).
+`BucketedReducer` overlaps the gradient reduction with the backward pass (``--non_blocking_mpi``), over a
+host buffer or a device buffer alike.
 """
 from __future__ import annotations
 
@@ -70,6 +72,26 @@ class _DoneRequest:
 
     def test(self):
         return True
+
+
+class _StagedRequest:
+    """An MPI Iallreduce of a device array's host copy; ``wait()`` completes it and copies the result back
+    into the device array (the MPI communicator's waitall/testall see the MPI request inside)."""
+
+    def __init__(self, request, host: np.ndarray, array):
+        self.request, self.host, self.array = request, host, array
+
+    def finish(self):
+        if self.array is not None:
+            from_host(self.host, self.array)
+            self.host = self.array = None
+
+    def wait(self):
+        self.request.Wait()
+        self.finish()
+
+    def test(self) -> bool:
+        return self.array is None or bool(self.request.Test())
 
 
 # ------------------------------------------------------------------------------------- the interface
@@ -243,19 +265,31 @@ class MPIComm(Communicator):
         return from_host(host, array)
 
     def iallreduce_sum_(self, array):
-        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
-            raise TypeError("iallreduce_sum_ needs a C-contiguous NumPy array (it is reduced in place)")
+        """In place, non-blocking. A device array is copied to the host now (its values must be final), the
+        copy is reduced, and the request's ``wait()`` (or ``waitall``) writes the sum back."""
+        if not array.flags.c_contiguous:
+            raise TypeError("iallreduce_sum_ needs a C-contiguous array (it is reduced in place)")
         if array.size == 0:
             return _DoneRequest()
-        return self.comm.Iallreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM)
+        if isinstance(array, np.ndarray):
+            return self.comm.Iallreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM)
+        host = np.ascontiguousarray(to_host(array))
+        return _StagedRequest(self.comm.Iallreduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM), host, array)
+
+    def _mpi_requests(self, requests):
+        return [r.request if isinstance(r, _StagedRequest) else r for r in requests
+                if isinstance(r, (self.MPI.Request, _StagedRequest))]
 
     def waitall(self, requests: Sequence) -> None:
-        mpi = [r for r in requests if isinstance(r, self.MPI.Request)]
+        mpi = self._mpi_requests(requests)
         if mpi:
             self.MPI.Request.Waitall(mpi)
+        for r in requests:
+            if isinstance(r, _StagedRequest):
+                r.finish()
 
     def testall(self, requests: Sequence) -> bool:
-        mpi = [r for r in requests if isinstance(r, self.MPI.Request)]
+        mpi = self._mpi_requests(requests)
         return bool(self.MPI.Request.Testall(mpi)) if mpi else True
 
     def allgather(self, value) -> np.ndarray:
@@ -375,14 +409,17 @@ class BucketedReducer:
         reducer.ready(lo)           # grad_buffer[lo:] is final: start every bucket it now covers
         reducer.finish()            # start what is left, wait for everything; the buffer is reduced
 
+    The buffer may be a NumPy or a device array: buckets of a device buffer reduce on the device with
+    NCCLComm, or through host copies with MPIComm (each bucket is copied out when it is started and back
+    in ``finish()``).
+
     Buckets are always started in the same order (k = 0, 1, ...) on every rank, whatever the ``lo``
     values, so the sequence of collectives matches across ranks. With one replica nothing happens.
     """
 
-    def __init__(self, comm: Communicator, grad_buffer: np.ndarray, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
-        if not isinstance(grad_buffer, np.ndarray):
-            raise TypeError("BucketedReducer needs a NumPy gradient buffer (device buffers need NCCLComm)")
-        if grad_buffer.ndim != 1 or not grad_buffer.flags.c_contiguous:
+    def __init__(self, comm: Communicator, grad_buffer, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        # a NumPy or a device (CuPy) buffer: the communicator reduces either (MPI through host copies)
+        if getattr(grad_buffer, "ndim", None) != 1 or not grad_buffer.flags.c_contiguous:
             raise TypeError("BucketedReducer needs a flat, C-contiguous gradient buffer")
         bucket_bytes = int(bucket_bytes)
         if bucket_bytes < 1:

@@ -1,15 +1,22 @@
 """NCCLComm: the communicator interface over NCCL (`cupy.cuda.nccl`) for replicas that all run on GPUs.
 
-- CuPy buffers are reduced / broadcast by NCCL, in place, on CuPy's current stream (blocking calls return
-  once the collective is queued: later work on that stream, and any copy to the host, sees the result).
-- `iallreduce_sum_` runs on a side stream that first waits for the work queued so far, and returns a
-  request whose `wait()` synchronizes with it (so gradient buckets reduce while backward goes on).
+- CuPy buffers are reduced / broadcast by NCCL, in place, all on ONE stream of the communicator's (so NCCL
+  collectives run in the order they are issued, on every rank), ordered against CuPy's current stream by
+  events both ways: a collective first waits for the work queued so far on the current stream; a blocking
+  call (`allreduce_sum_`, `bcast_`) then makes the current stream wait for it, so later work on that
+  stream, and any copy to the host, sees the result.
+- `iallreduce_sum_` returns a request whose `wait()` synchronizes with its collective (so gradient buckets
+  reduce while backward goes on, as `BucketedReducer` does with `--non_blocking_mpi`).
 - Host values (NumPy arrays, numbers) and everything that is not a hot path (allgather, weighted_mean,
   any_true, barrier, gather_object) go through an inner `MPIComm`.
-- Set-up: the device is chosen from the local rank and made current FIRST (`_gpu_device.use_device`); the
-  ranks compare their devices (host name + PCI bus id, gathered by MPI) and refuse to start when two share
-  one; then rank 0 creates the NCCL unique id (`bytes` in CuPy >= 14, a tuple of ints before), MPI
-  broadcasts its 128 bytes, and every rank joins.
+- Set-up, so that every rank ends with the same one-line ConfigError when it cannot start, instead of some
+  ranks waiting for the others in a collective: each rank chooses its device (the local rank's, made
+  current FIRST: `_gpu_device.use_device`) and checks CuPy's NCCL; then, through the MPI communicator, the
+  ranks agree on the outcome (an allgather of error messages); then they compare their devices (host name
+  + PCI bus id) and refuse to start when two share one; then rank 0 creates the NCCL unique id (`bytes` in
+  CuPy >= 14, a tuple of ints before) and broadcasts it with its outcome, and every rank joins. A failure
+  inside NCCL's own initialization is raised by the rank that saw it (the others are inside NCCL then,
+  where no agreement can reach them: the job's error handling ends them).
 - CuPy 14 imports `cupy.cuda.nccl` even without libnccl and sets `nccl.available = False`: that is a
   one-line ConfigError here, not an AttributeError later.
 
@@ -66,26 +73,53 @@ def _device_identity(cupy, device: int):
 
 
 class _NCCLRequest:
-    """An iallreduce in flight on the communicator's side stream."""
+    """An iallreduce in flight on the communicator's NCCL stream (`event` None: nothing to reduce)."""
 
     def __init__(self, event, array):
         self.event, self.array = event, array       # the array stays alive until the reduction is done
 
     def wait(self):
-        self.event.synchronize()
+        if self.event is not None:
+            self.event.synchronize()
         self.array = None
 
     def test(self) -> bool:
-        return bool(self.event.done)
+        return self.event is None or bool(self.event.done)
 
 
 class NCCLComm(Communicator):
     kind = "nccl"
 
     def __init__(self, mpi_comm=None, device=None):
+        opened, why = None, None
+        try:
+            opened = self._open(device)
+        except ConfigError as e:
+            why = str(e)
+        try:
+            self.mpi = MPIComm(mpi_comm)
+        except ConfigError:
+            if why:
+                raise ConfigError(why) from None       # this rank's own reason first (no MPI to agree through)
+            raise
+        self._agree(why)
+        self.cp, self.device, self.nccl = opened
+        self._refuse_shared_gpus()
+        self.comm = self._join()
+        self.stream = self.cp.cuda.Stream(non_blocking=True)      # every NCCL collective runs here
+        nccl = self.nccl
+        self._types = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
+                       np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.int32): nccl.NCCL_INT32,
+                       np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint8): nccl.NCCL_UINT8,
+                       np.dtype(np.int8): nccl.NCCL_INT8}
+
+    @staticmethod
+    def _open(device):
+        """(cupy, device index, cupy.cuda.nccl) for this rank, its device chosen and made current; a one-line
+        ConfigError where CuPy, a GPU or NCCL is missing."""
         from pydtnn.backends._gpu_device import GPU_HINT, use_device
         try:
-            cupy, self.device = use_device(device)           # select the device before creating anything
+            cupy, index = use_device(device)           # select the device before creating anything
             from cupy.cuda import nccl
         except ConfigError as e:
             raise ConfigError(str(e).replace(GPU_HINT, NCCL_HINT)) from None
@@ -94,20 +128,37 @@ class NCCLComm(Communicator):
         if not getattr(nccl, "available", True):
             raise ConfigError(f"{NCCL_HINT} (this CuPy finds no libnccl: pip install nvidia-nccl-cu13, or -cu12 "
                               "for CUDA 12)")
-        self.cp, self.nccl = cupy, nccl
-        self.mpi = MPIComm(mpi_comm)
-        self._refuse_shared_gpus()
-        uid = np.zeros(_UNIQUE_ID_BYTES, dtype=np.uint8)
+        return cupy, index, nccl
+
+    def _agree(self, why):
+        """Every rank raises the same ConfigError when any rank has a reason not to go on (`why`)."""
+        reasons = self.mpi.comm.allgather(why)
+        failed = [r for r, m in enumerate(reasons) if m]
+        if not failed:
+            return
+        message = reasons[failed[0]]
+        if self.mpi.size > 1:
+            ranks = ", ".join(map(str, failed))
+            message = f"{message} (NCCL set-up failed on rank{'s' if len(failed) > 1 else ''} {ranks} of {self.mpi.size})"
+        raise ConfigError(message)
+
+    def _join(self):
+        """Rank 0 creates the NCCL unique id and broadcasts it with its outcome; every rank joins."""
+        uid, why = None, None
         if self.mpi.rank == 0:
-            uid[:] = np.frombuffer(unique_id_to_bytes(nccl.get_unique_id()), dtype=np.uint8)
-        self.mpi.comm.Bcast(uid, root=0)
-        self.comm = nccl.NcclCommunicator(self.mpi.size, unique_id_for_cupy(uid.tobytes(), cupy.__version__),
-                                          self.mpi.rank)
-        self.side_stream = cupy.cuda.Stream(non_blocking=True)
-        self._types = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
-                       np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.int32): nccl.NCCL_INT32,
-                       np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint8): nccl.NCCL_UINT8,
-                       np.dtype(np.int8): nccl.NCCL_INT8}
+            try:
+                uid = unique_id_to_bytes(self.nccl.get_unique_id())
+            except Exception as e:  # noqa: BLE001 - NCCL's bootstrap (network, library): one line everywhere
+                why = f"NCCL could not create its unique id on rank 0: {' '.join(f'{type(e).__name__}: {e}'.split())}"
+        uid, why = self.mpi.comm.bcast((uid, why), root=0)
+        if why:
+            raise ConfigError(why)
+        try:
+            return self.nccl.NcclCommunicator(self.mpi.size, unique_id_for_cupy(uid, self.cp.__version__),
+                                              self.mpi.rank)
+        except Exception as e:  # noqa: BLE001 - e.g. a CUDA error on this rank's device
+            raise ConfigError(f"NCCL initialization failed on rank {self.mpi.rank}: "
+                              f"{' '.join(f'{type(e).__name__}: {e}'.split())}") from None
 
     def _refuse_shared_gpus(self):
         """Every rank raises the same ConfigError when two ranks would share a GPU (NCCL would end in
@@ -137,8 +188,19 @@ class NCCLComm(Communicator):
         except KeyError:
             raise TypeError(f"NCCL cannot reduce arrays of dtype {array.dtype}") from None
 
-    def _stream_ptr(self):
-        return self.cp.cuda.get_current_stream().ptr
+    def _collective(self, fn, blocking):
+        """Run `fn(stream pointer)` on the NCCL stream after the work queued on the current stream; returns
+        the event recorded after it (the current stream waits for it when `blocking`)."""
+        current = self.cp.cuda.get_current_stream()
+        ready = self.cp.cuda.Event(disable_timing=True)
+        ready.record(current)
+        self.stream.wait_event(ready)
+        fn(self.stream.ptr)
+        done = self.cp.cuda.Event(disable_timing=True)
+        done.record(self.stream)
+        if blocking:
+            current.wait_event(done)
+        return done
 
     def bcast_(self, array, root: int = 0):
         if not 0 <= root < self.size:
@@ -147,7 +209,8 @@ class NCCLComm(Communicator):
             return self.mpi.bcast_(array, root=root)
         buf = array if array.flags.c_contiguous else self.cp.ascontiguousarray(array)
         if buf.size:
-            self.comm.bcast(buf.data.ptr, buf.size, self._nccl_type(buf), root, self._stream_ptr())
+            kind = self._nccl_type(buf)
+            self._collective(lambda s: self.comm.bcast(buf.data.ptr, buf.size, kind, root, s), blocking=True)
         if buf is not array:
             array[...] = buf
         return array
@@ -157,8 +220,9 @@ class NCCLComm(Communicator):
             return self.mpi.allreduce_sum_(array)
         buf = array if array.flags.c_contiguous else self.cp.ascontiguousarray(array)
         if buf.size:
-            self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self._nccl_type(buf), self.nccl.NCCL_SUM,
-                                self._stream_ptr())
+            kind = self._nccl_type(buf)
+            self._collective(lambda s: self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, kind,
+                                                           self.nccl.NCCL_SUM, s), blocking=True)
         if buf is not array:
             array[...] = buf
         return array
@@ -168,13 +232,11 @@ class NCCLComm(Communicator):
             return self.mpi.iallreduce_sum_(array)
         if not array.flags.c_contiguous:
             raise TypeError("iallreduce_sum_ needs a C-contiguous array (it is reduced in place)")
-        ready, done = self.cp.cuda.Event(disable_timing=True), self.cp.cuda.Event(disable_timing=True)
-        ready.record()                                   # everything queued so far on the current stream
-        self.side_stream.wait_event(ready)
-        if array.size:
-            self.comm.allReduce(array.data.ptr, array.data.ptr, array.size, self._nccl_type(array),
-                                self.nccl.NCCL_SUM, self.side_stream.ptr)
-        done.record(self.side_stream)
+        if not array.size:
+            return _NCCLRequest(None, array)
+        kind = self._nccl_type(array)
+        done = self._collective(lambda s: self.comm.allReduce(array.data.ptr, array.data.ptr, array.size, kind,
+                                                              self.nccl.NCCL_SUM, s), blocking=False)
         return _NCCLRequest(done, array)
 
     def waitall(self, requests: Sequence) -> None:
@@ -195,6 +257,7 @@ class NCCLComm(Communicator):
         return self.mpi.any_true(flag)
 
     def barrier(self) -> None:
+        self.stream.synchronize()
         self.cp.cuda.get_current_stream().synchronize()
         self.mpi.barrier()
 

@@ -1,19 +1,27 @@
-"""The stand-in's device arrays: NumPy memory with CuPy's spelling, kept apart from host arrays.
+"""The stand-in's device arrays: NumPy memory behind a type of its own that NumPy refuses, as CuPy's is.
 
-`DeviceArray` is a NumPy subclass (so NumPy does the arithmetic) that
-- has `.get()` and `.data.ptr` as a CuPy array does;
-- refuses, as CuPy does, to mix with host `numpy.ndarray` operands in ufuncs (a TypeError), so glue code
-  that forgets a host-to-device copy fails here too;
+`DeviceArray` is NOT a NumPy subclass. It holds its memory in a private NumPy array and, like
+`cupy.ndarray`:
+- has `.get()` / `.set()` and `.data.ptr`, and returns device arrays from everything it computes (a
+  reduction gives a 0-d device array, not a NumPy scalar); `float()`, `int()`, `bool()`, `.item()` and
+  `.tolist()` copy to the host;
+- cannot become a NumPy array implicitly: `np.asarray(d)` raises TypeError (CuPy: "Implicit conversion to
+  a NumPy array is not allowed"), it has no buffer protocol and no array interface (so mpi4py, numba and
+  ctypes refuse it too), and NumPy ufuncs and functions that mix it with a host `numpy.ndarray` (0-d
+  included) raise TypeError, as CuPy's `Unsupported type <class 'numpy.ndarray'>`;
+- refuses assignment from a host array (`d[...] = host` is a ValueError in CuPy: it takes scalars and
+  device arrays only); host integer arrays as INDICES are accepted, as CuPy converts them;
 - registers every allocation, so a raw device pointer handed to the cuDNN or NCCL stand-in can be turned
   back into the memory it points into, with bounds checked (`find`).
 """
 from __future__ import annotations
 
+import operator
 import weakref
 
 import numpy as np
 
-_ROOTS: dict[int, weakref.ref] = {}       # id -> a live array that owns a device allocation
+_ROOTS: dict[int, weakref.ref] = {}       # id -> a live NumPy array that owns a device allocation
 
 
 class MemoryPointer:
@@ -28,18 +36,38 @@ def _address(a: np.ndarray) -> int:
 
 
 def _is_host(a) -> bool:
-    return isinstance(a, np.ndarray) and not isinstance(a, DeviceArray) and a.ndim > 0
+    return isinstance(a, np.ndarray)
+
+
+def _register(a: np.ndarray) -> None:
+    root = a
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    key = id(root)
+    ref = _ROOTS.get(key)
+    if ref is None or ref() is not root:
+        _ROOTS[key] = weakref.ref(root, lambda _r, key=key: _ROOTS.pop(key, None))
 
 
 def to_base(a):
-    """A DeviceArray as a plain ndarray view (same memory); anything else unchanged."""
-    return a.view(np.ndarray) if isinstance(a, DeviceArray) else a
+    """A DeviceArray's memory as a plain ndarray (same memory); anything else unchanged."""
+    return a._a if isinstance(a, DeviceArray) else a
+
+
+def unwrap_nested(a):
+    if isinstance(a, DeviceArray):
+        return a._a
+    if isinstance(a, (tuple, list)):
+        return type(a)(unwrap_nested(v) for v in a)
+    return a
 
 
 def wrap(result):
-    """NumPy results back as DeviceArrays (scalars stay scalars, tuples are wrapped element-wise)."""
-    if isinstance(result, np.ndarray) and not isinstance(result, DeviceArray):
-        return result.view(DeviceArray)
+    """NumPy results of device computations back as DeviceArrays (NumPy scalars as 0-d arrays)."""
+    if isinstance(result, np.ndarray):
+        return DeviceArray._from_device_memory(result)
+    if isinstance(result, np.generic):
+        return DeviceArray._from_device_memory(np.asarray(result))
     if isinstance(result, tuple):
         return tuple(wrap(r) for r in result)
     if isinstance(result, list):
@@ -50,51 +78,202 @@ def wrap(result):
 def refuse_host(what, values):
     for v in values:
         if _is_host(v):
-            raise TypeError(f"{what}: a host numpy.ndarray {v.shape} mixed with device arrays (CuPy refuses "
-                            "implicit host-to-device conversion: use cupy.asarray)")
+            raise TypeError(f"{what}: Unsupported type <class 'numpy.ndarray'> (a host array {v.shape} mixed with "
+                            "device arrays; CuPy refuses implicit host-to-device conversion: use cupy.asarray)")
         if isinstance(v, (tuple, list)):
             refuse_host(what, v)
 
 
-class DeviceArray(np.ndarray):
-    """A stand-in `cupy.ndarray`."""
+def _operand(what, v):
+    refuse_host(what, (v,))
+    return unwrap_nested(v)
 
-    def __array_finalize__(self, obj):
-        if not isinstance(getattr(self, "base", None), DeviceArray):
-            _ROOTS[id(self)] = weakref.ref(self, lambda _r, key=id(self): _ROOTS.pop(key, None))
+
+def _index(key):
+    """Indices: device arrays unwrapped; host index arrays accepted (CuPy copies them to the device)."""
+    if isinstance(key, tuple):
+        return tuple(_index(k) for k in key)
+    return key._a if isinstance(key, DeviceArray) else key
+
+
+# the ndarray methods a device array offers (results are device arrays)
+_METHODS = ("astype", "reshape", "ravel", "flatten", "transpose", "swapaxes", "copy", "view", "sum", "mean", "max",
+            "min", "argmax", "argmin", "prod", "std", "var", "any", "all", "cumsum", "clip", "dot", "squeeze", "take",
+            "repeat", "nonzero", "sort", "argsort", "round", "conj", "diagonal", "trace", "cumprod", "ptp", "put")
+_HOST_METHODS = ("item", "tolist")      # copy to the host, as in CuPy
+_PROPERTIES = ("shape", "dtype", "ndim", "size", "nbytes", "itemsize", "strides", "flags")
+
+
+class DeviceArray:
+    """A stand-in `cupy.ndarray` (see the module docstring)."""
+
+    __slots__ = ("_a", "__weakref__")
+    __hash__ = None
+
+    @classmethod
+    def _from_device_memory(cls, a: np.ndarray) -> "DeviceArray":
+        """Wrap memory that is device memory already (a fresh copy, or a view of device memory)."""
+        self = object.__new__(cls)
+        self._a = a
+        _register(a)
+        return self
+
+    def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
+        self._a = np.empty(shape, dtype=dtype, order=order)
+        _register(self._a)
+
+    # --- what NumPy must not do implicitly ---------------------------------------------------------
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a "
+                        "NumPy array explicitly. (CuPy stand-in)")
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        refuse_host(f"numpy ufunc {ufunc.__name__}", inputs + tuple(kwargs.get("out", ())))
-        inputs = tuple(to_base(a) for a in inputs)
-        if "out" in kwargs:
-            kwargs["out"] = tuple(to_base(a) for a in kwargs["out"])
-        return wrap(getattr(ufunc, method)(*inputs, **kwargs))
+        what = f"numpy ufunc {ufunc.__name__}"
+        out = kwargs.get("out")
+        refuse_host(what, inputs + (tuple(out) if out else ()))
+        inputs = tuple(unwrap_nested(a) for a in inputs)
+        if out:
+            kwargs["out"] = tuple(unwrap_nested(a) for a in out)
+        result = getattr(ufunc, method)(*inputs, **kwargs)
+        if out:
+            return out[0] if len(out) == 1 else out
+        return wrap(result)
 
     def __array_function__(self, func, types, args, kwargs):
-        refuse_host(f"numpy.{func.__name__}", args)
-        args = tuple(_unwrap_nested(a) for a in args)
-        kwargs = {k: _unwrap_nested(v) for k, v in kwargs.items()}
-        return wrap(func(*args, **kwargs))
+        refuse_host(f"numpy.{func.__name__}", args + tuple(kwargs.values()))
+        out = kwargs.get("out")
+        result = func(*unwrap_nested(args), **{k: unwrap_nested(v) for k, v in kwargs.items()})
+        return out if isinstance(out, DeviceArray) else wrap(result)
 
-    @property
-    def data(self):
-        return MemoryPointer(_address(self))
-
-    def get(self, stream=None, out=None):
-        host = np.array(self.view(np.ndarray), copy=True)
+    # --- CuPy's host transfers ---------------------------------------------------------------------
+    def get(self, stream=None, order="C", out=None):
+        host = np.array(self._a, copy=True, order=order)
         if out is not None:
             out[...] = host
             return out
         return host
 
-    def set(self, host):
-        self[...] = np.asarray(host)
+    def set(self, arr, stream=None):
+        if not isinstance(arr, np.ndarray):
+            raise TypeError(f"Only numpy.ndarray can be set to cupy.ndarray, got {type(arr).__name__}")
+        if arr.shape != self._a.shape or arr.dtype != self._a.dtype:
+            raise ValueError(f"set: shape/dtype mismatch {arr.shape} {arr.dtype} vs {self._a.shape} {self._a.dtype}")
+        self._a[...] = arr
+
+    @property
+    def data(self):
+        return MemoryPointer(_address(self._a))
+
+    @property
+    def T(self):
+        return wrap(self._a.T)
+
+    @property
+    def base(self):
+        return None if self._a.base is None else wrap(self._a.base)
+
+    def fill(self, value):
+        if isinstance(value, np.ndarray) and value.ndim:
+            raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
+        self._a.fill(to_base(value) if isinstance(value, DeviceArray) else value)
+
+    def __getattr__(self, name):
+        if name in _PROPERTIES:
+            return getattr(self._a, name)
+        if name in _HOST_METHODS:
+            return getattr(self._a, name)
+        if name in _METHODS:
+            method = getattr(self._a, name)
+
+            def device_method(*args, **kwargs):
+                refuse_host(f"cupy.ndarray.{name}", args + tuple(kwargs.values()))
+                out = kwargs.get("out")
+                result = method(*unwrap_nested(args), **{k: unwrap_nested(v) for k, v in kwargs.items()})
+                return out if isinstance(out, DeviceArray) else wrap(result)
+            device_method.__name__ = name
+            return device_method
+        raise AttributeError(f"'cupy.ndarray' (stand-in) has no attribute {name!r}")
+
+    # --- indexing ----------------------------------------------------------------------------------
+    def __getitem__(self, key):
+        return wrap(self._a[_index(key)])
+
+    def __setitem__(self, key, value):
+        if isinstance(value, np.ndarray) and value.ndim:
+            raise ValueError(f"non-scalar numpy.ndarray cannot be used for fill (assigning a host array "
+                             f"{value.shape} to device memory: CuPy refuses it, use cupy.asarray first)")
+        if isinstance(value, (list, tuple)):
+            raise TypeError("assigning a Python sequence to device memory: CuPy refuses it, use cupy.asarray first")
+        self._a[_index(key)] = to_base(value)
+
+    def __len__(self):
+        return len(self._a)
+
+    def __iter__(self):
+        return (wrap(v) for v in self._a)
+
+    # --- conversions to host scalars (a synchronization in CuPy) -----------------------------------
+    def __float__(self):
+        return float(self._a)
+
+    def __int__(self):
+        return int(self._a)
+
+    def __complex__(self):
+        return complex(self._a)
+
+    def __bool__(self):
+        return bool(self._a)
+
+    def __repr__(self):
+        return repr(self._a)
+
+    def __str__(self):
+        return str(self._a)
+
+    def __format__(self, spec):
+        return format(self._a, spec)
+
+    def __neg__(self):
+        return wrap(-self._a)
+
+    def __pos__(self):
+        return wrap(+self._a)
+
+    def __abs__(self):
+        return wrap(abs(self._a))
+
+    def __invert__(self):
+        return wrap(~self._a)
 
 
-def _unwrap_nested(a):
-    if isinstance(a, (tuple, list)):
-        return type(a)(_unwrap_nested(v) for v in a)
-    return to_base(a)
+def _binary(op, name, reflected=False):
+    def method(self, other):
+        other = _operand(f"cupy.ndarray.{name}", other)
+        return wrap(op(other, self._a) if reflected else op(self._a, other))
+    method.__name__ = name
+    return method
+
+
+def _inplace(op, name):
+    def method(self, other):
+        op(self._a, _operand(f"cupy.ndarray.{name}", other))
+        return self
+    method.__name__ = name
+    return method
+
+
+for _name, _op in (("add", operator.add), ("sub", operator.sub), ("mul", operator.mul),
+                   ("truediv", operator.truediv), ("floordiv", operator.floordiv), ("mod", operator.mod),
+                   ("pow", operator.pow), ("matmul", operator.matmul), ("and", operator.and_),
+                   ("or", operator.or_), ("xor", operator.xor), ("lshift", operator.lshift),
+                   ("rshift", operator.rshift)):
+    setattr(DeviceArray, f"__{_name}__", _binary(_op, f"__{_name}__"))
+    setattr(DeviceArray, f"__r{_name}__", _binary(_op, f"__r{_name}__", reflected=True))
+    setattr(DeviceArray, f"__i{_name}__", _inplace(getattr(operator, f"i{_name}"), f"__i{_name}__"))
+for _name, _op in (("lt", operator.lt), ("le", operator.le), ("gt", operator.gt), ("ge", operator.ge),
+                   ("eq", operator.eq), ("ne", operator.ne)):
+    setattr(DeviceArray, f"__{_name}__", _binary(_op, f"__{_name}__"))
 
 
 def live_roots():
@@ -108,8 +287,7 @@ def find(ptr: int, nbytes: int, what: str) -> np.ndarray:
     """The device allocation holding [ptr, ptr + nbytes), as a flat uint8 view from ptr; raises when the
     pointer is not device memory or the range runs past its allocation."""
     ptr = int(ptr)
-    for root in live_roots():
-        base = root.view(np.ndarray)
+    for base in live_roots():
         start = _address(base)
         size = base.nbytes
         if start <= ptr < start + max(size, 1) and base.flags.c_contiguous:
@@ -122,9 +300,8 @@ def find(ptr: int, nbytes: int, what: str) -> np.ndarray:
 
 
 def dtype_at(ptr: int):
-    """The dtype of the live device array whose memory starts at or contains `ptr` (None if unknown)."""
-    for root in live_roots():
-        base = root.view(np.ndarray)
+    """The dtype of the live device allocation that contains `ptr` (None if unknown)."""
+    for base in live_roots():
         start = _address(base)
         if start <= int(ptr) < start + max(base.nbytes, 1):
             return base.dtype

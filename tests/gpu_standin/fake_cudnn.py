@@ -1,52 +1,110 @@
 """cuDNN of the stand-in: the frontend's Python graph API (`import cudnn`) and the legacy C API as the
-backend calls it through ctypes, both computing with the CPU backend's convolutions in float64.
+backend calls it through ctypes, computing with the CPU backend's convolutions.
 
 What is checked (the glue, not NVIDIA's library): every tensor's dims and strides IN ELEMENTS against the
 device memory its pointer lands in (byte strides would run past the allocation), the data types against
 the arrays' dtypes, that dgrad/wgrad outputs got set_dim/set_stride, the output shape against the
-convolution's, that a graph is validated, built and has plans before it runs, the workspace size; for the
-legacy API each argument's ctypes type and order per cuDNN 9's headers (handles and descriptors as
+convolution's, that a graph is validated, planned and its plan built before it runs, the workspace size;
+for the legacy API each argument's ctypes type and order per cuDNN 9's headers (handles and descriptors as
 c_void_p, alpha/beta passed by reference in the data's precision, size_t sizes as c_size_t...).
 Calls are recorded in `FRONTEND_CALLS` / `LEGACY_CALLS`.
 
+So that mistakes of plan choice show in results, as they would on a GPU, plans differ the way real ones do:
+- numerics: every plan computes in the data's precision (float32 data: float32 arithmetic); tensor-core
+  plans round their inputs to TF32 (~1e-3); FFT and Winograd plans add float32-sized errors (~5e-5 of the
+  largest value, over strict fp32's 1e-5); plans sum in different orders (so two plans differ in the last
+  bits), and a NONDETERMINISTIC plan in a different order on every call;
+- timings: each execution advances the CuPy stand-in's event clock by the plan's cost times a random
+  factor (0.7..1.3), so an autotuning process may pin any of the plans that come close;
+- building: like Frontend 1.32's graphs, a deselected plan raises RuntimeError from build_plan_at_index
+  (cuDNN's "Deselecting execution plan"); one plan of every graph fails to build with a RuntimeError, one
+  declines (cudnnGraphNotSupportedError) where its engine does not apply; `build_plans()` walks the list
+  as 1.32's does, skipping declines only, so any other error escapes it.
+The legacy API offers, per op, algorithms of each kind (FFT, Winograd, tensor-op math, non-deterministic,
+plain), with their `determinism` and `mathType` set as cuDNN reports them, and computes as they would.
+
 Modes ($PYDTNN_STANDIN_FRONTEND, or `configure`): "ok"; "missing" (import fails); "no_libcudnn"
-(imports, then create_handle raises RuntimeError as the frontend does without libcudnn); "old" (no
-`select_plan`, like frontends before 1.32). `DECLINE_DOUBLE` makes the frontend refuse float64 graphs.
+(imports, then create_handle raises RuntimeError as the frontend does without libcudnn).
+`decline_double` makes the frontend refuse float64 graphs.
 """
 from __future__ import annotations
 
 import ctypes
 import os
+import random
 import types
 
 import numpy as np
 
 from pydtnn.backends import ConvSpec
-from . import device_memory
+from . import device_memory, fake_cupy
 
 FRONTEND_CALLS: list[tuple] = []
 LEGACY_CALLS: list[tuple] = []
 SETTINGS = {"mode": os.environ.get("PYDTNN_STANDIN_FRONTEND", "ok"), "decline_double": False}
-WORKSPACE_BYTES = 4096              # what every plan asks for, so the backend's workspace is exercised
+WORKSPACE_BYTES = 4096              # per plan index (plan i asks for (i + 1) times this)
+_RANDOM = random.Random()           # timings and non-deterministic orders: different in every process
+_CPU = {}
 
 
-def _cpu():
+def _cpu(dtype):
     from pydtnn.backends.cpu import CPUBackend
-    return CPUBackend(dtype="float64")
+    dtype = np.dtype(dtype)
+    if dtype not in _CPU:
+        _CPU[dtype] = CPUBackend(dtype=dtype.name, conv_algorithm="direct")
+    return _CPU[dtype]
 
 
-def conv_reference(op, spec, x=None, w=None, dy=None, xshape=None):
-    """fprop -> y, dgrad -> dx, wgrad -> dw (NCHW, float64), with the CPU backend's kernels."""
-    cpu = _cpu()
+def _conv_once(op, spec, dtype, x=None, w=None, dy=None, xshape=None):
+    """fprop -> y, dgrad -> dx, wgrad -> dw (NCHW), with the CPU backend's kernels in `dtype`."""
+    cpu = _cpu(dtype)
+    cast = lambda a: np.ascontiguousarray(a, dtype=dtype)      # noqa: E731
     if op == "fprop":
-        y, _ = cpu.conv2d_forward(cpu.to_internal(np.asarray(x, np.float64)), np.asarray(w, np.float64), None, spec)
+        y, _ = cpu.conv2d_forward(cpu.to_internal(cast(x)), cast(w), None, spec)
         return cpu.to_user(y)
     if op == "dgrad":
-        ctx = (cpu.to_internal(np.zeros(xshape)),)
-        return cpu.to_user(cpu.conv2d_backward_data(cpu.to_internal(np.asarray(dy, np.float64)),
-                                                    np.asarray(w, np.float64), ctx, spec))
-    ctx = (cpu.to_internal(np.asarray(x, np.float64)),)
-    return cpu.conv2d_backward_weights(cpu.to_internal(np.asarray(dy, np.float64)), ctx, spec, False)[0]
+        ctx = (cpu.to_internal(np.zeros(xshape, dtype)),)
+        return cpu.to_user(cpu.conv2d_backward_data(cpu.to_internal(cast(dy)), cast(w), ctx, spec))
+    ctx = (cpu.to_internal(cast(x)),)
+    return cpu.conv2d_backward_weights(cpu.to_internal(cast(dy)), ctx, spec, False)[0]
+
+
+def _tf32(a):
+    """float32 values rounded to TF32 (10 mantissa bits, to nearest even), as tensor cores read them."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x0FFF + ((u >> 13) & 1)) & ~np.uint64(0x1FFF)
+    return u.astype(np.uint32).view(np.float32)
+
+
+def conv_emulated(kind, op, spec, dtype, x=None, w=None, dy=None, xshape=None, split=0.5):
+    """A convolution as a plan of `kind` computes it: "exact" (one pass), "split" (two partial sums added:
+    kernel taps for fprop/dgrad, output rows for wgrad, cut at fraction `split`), "nondeterministic" (split
+    at a random place on every call), "tf32" (inputs rounded to TF32), "fft" / "winograd" (a float32-sized
+    error of 5e-5 of the largest value)."""
+    dtype = np.dtype(dtype)
+    if kind == "tf32" and dtype == np.float32:
+        x, w, dy = (None if a is None else _tf32(a) for a in (x, w, dy))
+    if kind == "nondeterministic":
+        kind, split = "split", _RANDOM.uniform(0.2, 0.8)
+    if kind != "split":
+        res = _conv_once(op, spec, dtype, x, w, dy, xshape)
+        if kind in ("fft", "winograd") and dtype == np.float32 and res.size:
+            noise = np.random.default_rng(len(kind)).uniform(-1, 1, res.shape)
+            res = (res + 5e-5 * float(np.max(np.abs(res))) * noise).astype(dtype)
+        return res
+    if op in ("fprop", "dgrad"):
+        taps = np.zeros(w.shape[2:], dtype)
+        taps.reshape(-1)[:max(1, int(round(taps.size * split)))] = 1
+        w = np.asarray(w, dtype)
+        a = _conv_once(op, spec, dtype, x, w * taps, dy, xshape)
+        b = _conv_once(op, spec, dtype, x, w * (1 - taps), dy, xshape)
+    else:
+        rows = np.zeros((1, 1, dy.shape[2], 1), dtype)
+        rows[:, :, :max(1, int(round(dy.shape[2] * split)))] = 1
+        dy = np.asarray(dy, dtype)
+        a = _conv_once(op, spec, dtype, x, w, dy * rows, xshape)
+        b = _conv_once(op, spec, dtype, x, w, dy * (1 - rows), xshape)
+    return (a + b).astype(dtype)
 
 
 def _contiguous_strides(dims):
@@ -76,10 +134,16 @@ class heur_mode:  # noqa: N801
 class numerical_note:  # noqa: N801
     TENSOR_CORE, DOWN_CONVERT_INPUTS, REDUCED_PRECISION_REDUCTION = "TENSOR_CORE", "DOWN_CONVERT_INPUTS", "RPR"
     FFT, NONDETERMINISTIC, WINOGRAD = "FFT", "NONDETERMINISTIC", "WINOGRAD"
+    WINOGRAD_TILE_4x4, WINOGRAD_TILE_6x6, WINOGRAD_TILE_13x13 = "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "W13"
+    STRICT_NAN_PROP = "STRICT_NAN_PROP"
 
 
 class build_plan_policy:  # noqa: N801
     HEURISTICS_CHOICE, ALL = "HEURISTICS_CHOICE", "ALL"
+
+
+class cudnnGraphNotSupportedError(RuntimeError):  # noqa: N801 - the frontend's name (a RuntimeError there too)
+    pass
 
 
 _NP = {data_type.FLOAT: np.float32, data_type.DOUBLE: np.float64}
@@ -130,24 +194,46 @@ class Tensor:
         return id(self)
 
 
+class Plan:
+    """One entry of a graph's ranked plan list: its numerical notes, how it computes, what it costs (ms), and
+    what building it does ("ok", "raise": a RuntimeError, "decline": cudnnGraphNotSupportedError)."""
+
+    def __init__(self, name, notes, kind, cost, build="ok"):
+        self.name, self.notes, self.kind, self.cost, self.build = name, tuple(notes), kind, cost, build
+
+
+def _plans(op, io, spec) -> list:
+    """The ranked plans of a convolution graph (FLOAT graphs also get tensor-core, Winograd and FFT plans)."""
+    n = numerical_note
+    plans = []
+    if io == data_type.FLOAT:
+        plans.append(Plan("tensor_core", [n.TENSOR_CORE], "tf32", 0.10))
+    plans.append(Plan("fails_to_build", [], "exact", 0.05, build="raise"))
+    if io == data_type.FLOAT:
+        winograd_ok = spec.kernel == (3, 3) and spec.stride == (1, 1) and spec.dilation == (1, 1) and spec.groups == 1
+        plans.append(Plan("winograd", [n.WINOGRAD, n.WINOGRAD_TILE_4x4], "winograd", 0.15,
+                          build="ok" if winograd_ok else "decline"))
+        plans.append(Plan("fft", [n.FFT], "fft", 0.20, build="ok" if spec.groups == 1 else "decline"))
+    if op != "fprop":
+        plans.append(Plan("atomics", [n.NONDETERMINISTIC], "nondeterministic", 0.12))
+    plans.append(Plan("split", [], "split", 0.25))
+    plans.append(Plan("exact", [], "exact", 0.30))
+    return plans
+
+
 class pygraph:  # noqa: N801
-    def __init__(self, io_data_type=None, intermediate_data_type=None, compute_data_type=None, handle=None,
-                 name=None):
+    def __init__(self, name="test_graph", io_data_type=None, intermediate_data_type=None, compute_data_type=None,
+                 handle=None, **kwargs):
         if not isinstance(handle, Handle):
             raise TypeError("pygraph needs handle=<cudnn handle>")
         if SETTINGS["decline_double"] and data_type.DOUBLE in (io_data_type, compute_data_type):
-            raise RuntimeError("cudnnGraphNotSupportedError: no engine for DOUBLE (stand-in)")
+            raise cudnnGraphNotSupportedError("no engine for DOUBLE (stand-in)")
         self.io, self.compute, self.handle = io_data_type, compute_data_type, handle
         self.op = None
         self.stage = "new"
-        self.deselected = []
-        self.selected_plan = None
+        self.plans, self.barred, self.built = [], set(), set()
+        self.plan_index = None
         FRONTEND_CALLS.append(("pygraph", io_data_type, compute_data_type))
-
-    def __getattribute__(self, name):
-        if name == "select_plan" and SETTINGS["mode"] == "old":
-            raise AttributeError("'pygraph' object has no attribute 'select_plan' (frontend < 1.32)")
-        return object.__getattribute__(self, name)
 
     def tensor(self, name, dim, stride, data_type):
         return Tensor(self, name, dim, stride, data_type)
@@ -208,72 +294,118 @@ class pygraph:  # noqa: N801
             raise AssertionError(f"{kind}: y dims {yd}, the convolution gives {expected}")
         self.spec, self.stage = spec, "validated"
 
-    def _expect(self, stage, what):
-        if self.stage != stage:
-            raise AssertionError(f"{what} called at stage {self.stage!r}, expected after {stage!r}")
+    def _expect(self, stages, what):
+        if self.stage not in stages:
+            raise AssertionError(f"{what} called at stage {self.stage!r}, expected after {' or '.join(stages)}")
 
     def build_operation_graph(self):
-        self._expect("validated", "build_operation_graph")
+        self._expect(("validated",), "build_operation_graph")
         self.stage = "op_graph"
 
     def create_execution_plans(self, modes):
-        self._expect("op_graph", "create_execution_plans")
+        self._expect(("op_graph",), "create_execution_plans")
         if not modes or any(m not in (heur_mode.A, heur_mode.B, heur_mode.FALLBACK) for m in modes):
             raise TypeError(f"create_execution_plans: heuristic modes expected, got {modes!r}")
+        self.plans = _plans(self.op[0], self.io, self.spec)
         self.stage = "plans"
 
     def deselect_numeric_notes(self, notes):
-        self._expect("plans", "deselect_numeric_notes")
-        self.deselected += list(notes)
+        self._expect(("plans", "supported"), "deselect_numeric_notes")
+        for note in notes:
+            if note not in vars(numerical_note).values():
+                raise TypeError(f"deselect_numeric_notes: not a cudnn.numerical_note: {note!r}")
+        self.barred |= {i for i, p in enumerate(self.plans) if set(p.notes) & set(notes)}
         FRONTEND_CALLS.append(("deselect_numeric_notes", tuple(notes)))
 
     def check_support(self):
-        self._expect("plans", "check_support")
+        self._expect(("plans",), "check_support")
+        if all(i in self.barred or p.build != "ok" for i, p in enumerate(self.plans)):
+            raise RuntimeError("[cudnn_frontend] Error: No execution plans support the graph. (stand-in)")
         self.stage = "supported"
 
-    def build_plans(self, policy=build_plan_policy.HEURISTICS_CHOICE):
-        if self.stage not in ("supported", "built"):
-            raise AssertionError(f"build_plans called at stage {self.stage!r}")
-        self.stage = "built"
-
     def get_execution_plan_count(self):
-        return 3
+        self._expect(("plans", "supported"), "get_execution_plan_count")
+        return len(self.plans)
+
+    def get_plan_name_at_index(self, index):
+        return self.plans[self._index(index)].name
+
+    def _index(self, index):
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.plans):
+            raise IndexError(f"plan index {index!r} out of range for {len(self.plans)} plan(s)")
+        return index
+
+    def build_plan_at_index(self, index):
+        """Build the plan and select it (1.32: "selecting is what makes the autotune idiom work")."""
+        self._expect(("supported",), "build_plan_at_index")
+        plan = self.plans[self._index(index)]
+        FRONTEND_CALLS.append(("build_plan_at_index", index, plan.name))
+        if index in self.barred:
+            raise RuntimeError("Deselecting execution plan (stand-in)")
+        if plan.build == "raise":
+            raise RuntimeError("CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR: CUDNN_STATUS_INTERNAL_ERROR (stand-in: this "
+                               "engine fails to build)")
+        if plan.build == "decline":
+            raise cudnnGraphNotSupportedError(f"engine {plan.name} does not support this convolution (stand-in)")
+        self.built.add(index)
+        self.plan_index = index
+        return self
+
+    def build_plans(self, policy=build_plan_policy.HEURISTICS_CHOICE):
+        """As Frontend 1.32's walk: a decline moves on, any other error escapes."""
+        for i in range(len(self.plans)):
+            try:
+                self.build_plan_at_index(i)
+            except cudnnGraphNotSupportedError:
+                continue
+            if policy != build_plan_policy.ALL:
+                return
+        if self.plan_index is None:
+            raise cudnnGraphNotSupportedError("no plan in the list could be built (stand-in)")
+
+    def _built(self, index, what):
+        if index not in self.built or index in self.barred:
+            raise RuntimeError(f"{what}: plan {index} is not built (stand-in: GRAPH_EXECUTION_FAILED)")
+        return index
 
     def get_workspace_size(self):
-        return WORKSPACE_BYTES
+        return self.get_workspace_size_plan_at_index(self.plan_index)
 
     def get_workspace_size_plan_at_index(self, index):
-        return WORKSPACE_BYTES * (int(index) + 1)
-
-    def select_plan(self, index):
-        self.selected_plan = int(index)
-        FRONTEND_CALLS.append(("select_plan", int(index)))
+        return WORKSPACE_BYTES * (self._built(self._index(index), "get_workspace_size_plan_at_index") + 1)
 
     def execute_plan_at_index(self, pack, workspace, index, handle=None):
-        self._run(pack, workspace, self.get_workspace_size_plan_at_index(index), handle)
+        self._run(pack, workspace, self._built(self._index(index), "execute_plan_at_index"), handle)
 
     def execute(self, pack, workspace, handle=None):
-        self._run(pack, workspace, WORKSPACE_BYTES, handle)
+        if self.plan_index is None:
+            raise RuntimeError("execute: no plan built (stand-in)")
+        self._run(pack, workspace, self.plan_index, handle)
 
-    def _run(self, pack, workspace, ws_bytes, handle):
-        self._expect("built", "execute")
+    def _run(self, pack, workspace, index, handle):
         if handle is not self.handle:
             raise AssertionError("execute: a different handle than the graph's")
         kind, a, b, out = self.op[:4]
         if set(pack) != {a, b, out}:
             raise AssertionError("execute: the variant pack must map exactly the graph's 3 tensors")
-        device_memory.find(workspace, ws_bytes, f"{kind} workspace")
+        for t, ptr in pack.items():
+            if type(ptr) is not int:
+                raise TypeError(f"execute: tensor {t.name} bound to a {type(ptr).__name__}, a device pointer (int) "
+                                "expected")
+        device_memory.find(workspace, WORKSPACE_BYTES * (index + 1), f"{kind} workspace")
         np_dt = _NP[self.io]
         view = {t: device_memory.view(pack[t], t.dim, t.stride, np_dt, f"{kind} tensor {t.name}")
                 for t in (a, b, out)}
-        FRONTEND_CALLS.append(("execute", kind, tuple(out.dim)))
+        plan = self.plans[index]
+        FRONTEND_CALLS.append(("execute", kind, tuple(out.dim), index, plan.name))
+        fake_cupy.advance_clock(plan.cost * _RANDOM.uniform(0.7, 1.3))
         if kind == "fprop":
-            res = conv_reference("fprop", self.spec, x=view[a], w=view[b])
+            res = conv_emulated(plan.kind, "fprop", self.spec, np_dt, x=view[a], w=view[b])
         elif kind == "dgrad":
-            res = conv_reference("dgrad", self.spec, dy=view[a], w=view[b], xshape=out.dim)
+            res = conv_emulated(plan.kind, "dgrad", self.spec, np_dt, dy=view[a], w=view[b], xshape=out.dim)
         else:
-            res = conv_reference("wgrad", self.spec, x=view[a], dy=view[b])
-        view[out][...] = res.astype(np_dt)
+            res = conv_emulated(plan.kind, "wgrad", self.spec, np_dt, x=view[a], dy=view[b])
+        view[out][...] = res
 
 
 def build_frontend_module():
@@ -281,9 +413,10 @@ def build_frontend_module():
     if SETTINGS["mode"] == "missing":
         return None
     m = types.ModuleType("cudnn")
-    m.__version__ = "1.32.0" if SETTINGS["mode"] != "old" else "1.8.0"
+    m.__version__ = "1.32.0"
     m.__standin__ = True
-    for obj in (data_type, heur_mode, numerical_note, build_plan_policy, pygraph, create_handle, set_stream):
+    for obj in (data_type, heur_mode, numerical_note, build_plan_policy, pygraph, create_handle, set_stream,
+                cudnnGraphNotSupportedError):
         setattr(m, obj.__name__, obj)
     m.backend_version_string = lambda: "9.19.0 (stand-in)"
     return m
@@ -292,6 +425,28 @@ def build_frontend_module():
 # ========================================================================================= legacy API
 
 _CUDNN_DATA = {0: np.float32, 1: np.float64}
+# per op, the algorithms the heuristics offer, in their order: (algo, math type, determinism, how it computes,
+# cost). Algorithm numbers as in cudnn_cnn.h (fprop: 1 IMPLICIT_PRECOMP_GEMM, 2 GEMM, 4 FFT, 6 WINOGRAD; dgrad:
+# 0 ALGO_0 (atomics), 1 ALGO_1, 2 FFT, 4 WINOGRAD; wgrad: 0 ALGO_0 and 3 ALGO_3 (atomics), 1 ALGO_1,
+# 5 WINOGRAD_NONFUSED); math 1 = TENSOR_OP, 3 = FMA; determinism 1 = CUDNN_DETERMINISTIC.
+_LEGACY_ALGOS = {
+    "fprop": [(6, 3, 1, "winograd", 0.15), (1, 1, 1, "tf32", 0.10), (4, 3, 1, "fft", 0.2), (1, 3, 1, "split", 0.25),
+              (2, 3, 1, "exact", 0.3)],
+    "dgrad": [(4, 3, 1, "winograd", 0.15), (1, 1, 1, "tf32", 0.10), (0, 3, 0, "nondeterministic", 0.12),
+              (2, 3, 1, "fft", 0.2), (1, 3, 1, "exact", 0.3)],
+    "wgrad": [(5, 3, 1, "winograd", 0.15), (1, 1, 1, "tf32", 0.10), (0, 3, 0, "nondeterministic", 0.12),
+              (3, 3, 0, "nondeterministic", 0.13), (1, 3, 1, "exact", 0.3)],
+}
+
+
+def _legacy_kind(op, algo, math, dtype):
+    """How the legacy algorithm `algo` computes with the descriptor's math type."""
+    if math in (1, 2) and dtype == np.float32:
+        return "tf32"
+    for a, _m, _d, kind, _c in _LEGACY_ALGOS[op]:
+        if a == algo and kind != "tf32":
+            return kind
+    return "exact"
 
 
 class _Desc:
@@ -429,17 +584,20 @@ class LegacyLibrary:
             raise AssertionError(f"{fname}: y descriptor {y[1]}, the convolution gives {expected}")
         return x[1], w[1], y[1], dts.pop(), spec, cv
 
-    def _perf(self, op, fname, handle, a, b, conv, out, n, count, perf):
+    def _perf(self, op, fname, handle, a, b, conv, out, n, count, perf, measured=False):
         self._obj(handle, "handle", fname, 0)
-        self._geometry(op, fname, a, b, conv, out)
+        dt = self._geometry(op, fname, a, b, conv, out)[3]
         n = self._ints((n,), fname, 5)[0]
         cnt = self._ref(count, ctypes.c_int, fname, 6)
         if len(perf) < n:
             raise AssertionError(f"{fname}: room for {len(perf)} results, {n} requested")
-        # two algorithms: 0 with tensor-op math (must be skipped in strict fp32), 1 with FMA math
-        for i, (algo, math) in enumerate(((0, 1), (1, 3))):
-            perf[i].algo, perf[i].status, perf[i].time, perf[i].memory, perf[i].mathType = algo, 0, 0.1, 256, math
-        cnt.value = 2
+        rows = [r for r in _LEGACY_ALGOS[op] if dt == np.float32 or r[3] in ("exact", "split", "nondeterministic")]
+        if measured:                     # cudnnFind*: sorted by a time measured now (varies run to run)
+            rows = sorted(rows, key=lambda r: r[4] * _RANDOM.uniform(0.7, 1.3))
+        for i, (algo, math, det, _kind, cost) in enumerate(rows[:n]):
+            p = perf[i]
+            p.algo, p.status, p.time, p.memory, p.mathType, p.determinism = algo, 0, cost, 256, math, det
+        cnt.value = min(n, len(rows))
         LEGACY_CALLS.append((fname,))
         return 0
 
@@ -460,7 +618,7 @@ class LegacyLibrary:
         if not isinstance(wsize, ctypes.c_size_t):
             raise TypeError(f"{fname} argument 12: c_size_t expected, got {type(wsize).__name__}")
         device_memory.find(ws.value, wsize.value, f"{fname} workspace")
-        return self._perf(op, fname, h, a, b, conv, out, n, count, perf)
+        return self._perf(op, fname, h, a, b, conv, out, n, count, perf, measured=True)
 
     def cudnnFindConvolutionForwardAlgorithmEx(self, *args):
         return self._find("fprop", "cudnnFindConvolutionForwardAlgorithmEx", *args)
@@ -501,14 +659,15 @@ class LegacyLibrary:
         shapes = {"fprop": (xd, wd, yd), "dgrad": (wd, yd, xd), "wgrad": (xd, yd, wd)}[op]
         arrays = [device_memory.view(self._ptr(p, fname, i), s, _contiguous_strides(s), dt, f"{fname} argument {i}")
                   for p, s, i in zip((ap, bp, outp), shapes, (3, 5, 12))]
-        LEGACY_CALLS.append((fname, cv["math"]))
+        LEGACY_CALLS.append((fname, cv["math"], algo))
+        kind = _legacy_kind(op, algo, cv["math"], dt)
         if op == "fprop":
-            res = conv_reference(op, spec, x=arrays[0], w=arrays[1])
+            res = conv_emulated(kind, op, spec, dt, x=arrays[0], w=arrays[1])
         elif op == "dgrad":
-            res = conv_reference(op, spec, w=arrays[0], dy=arrays[1], xshape=xd)
+            res = conv_emulated(kind, op, spec, dt, w=arrays[0], dy=arrays[1], xshape=xd)
         else:
-            res = conv_reference(op, spec, x=arrays[0], dy=arrays[1])
-        arrays[2][...] = res.astype(dt)
+            res = conv_emulated(kind, op, spec, dt, x=arrays[0], dy=arrays[1])
+        arrays[2][...] = res
         return 0
 
     def cudnnConvolutionForward(self, *args):

@@ -16,7 +16,7 @@ import types
 import numpy as np
 
 from . import fake_nccl
-from .device_memory import DeviceArray, refuse_host, to_base, wrap
+from .device_memory import DeviceArray, refuse_host, to_base, unwrap_nested, wrap
 from .host_kernels import RawModule
 
 VERSION = "14.2.0"          # the CuPy the device machine has; parallel/nccl.py reads the major
@@ -37,7 +37,7 @@ def _to_device(a, dtype=None, order="K"):
     """A fresh device copy of host data (or a device array, converted only when needed)."""
     if isinstance(a, DeviceArray):
         return a if dtype is None or a.dtype == np.dtype(dtype) else a.astype(dtype)
-    return np.array(a, dtype=dtype, order=order, copy=True).view(DeviceArray)
+    return wrap(np.array(a, dtype=dtype, order=order, copy=True))
 
 
 def asarray(a, dtype=None, order=None):
@@ -45,8 +45,7 @@ def asarray(a, dtype=None, order=None):
 
 
 def array(a, dtype=None, copy=True, order="K", ndmin=0):
-    out = np.array(to_base(a), dtype=dtype, copy=True, order=order, ndmin=ndmin)
-    return out.view(DeviceArray)
+    return wrap(np.array(to_base(a), dtype=dtype, copy=True, order=order, ndmin=ndmin))
 
 
 def ascontiguousarray(a, dtype=None):
@@ -66,17 +65,11 @@ def _numpy_function(name):
 
     def device_function(*args, **kwargs):
         refuse_host(f"cupy.{name}", args + tuple(kwargs.values()))
-        args = tuple(_base_nested(a) for a in args)
-        kwargs = {k: _base_nested(v) for k, v in kwargs.items()}
-        return wrap(f(*args, **kwargs))
+        out = kwargs.get("out")
+        result = f(*unwrap_nested(args), **{k: unwrap_nested(v) for k, v in kwargs.items()})
+        return out if isinstance(out, DeviceArray) else wrap(result)
     device_function.__name__ = name
     return device_function
-
-
-def _base_nested(a):
-    if isinstance(a, (tuple, list)):
-        return type(a)(_base_nested(v) for v in a)
-    return to_base(a)
 
 
 # --------------------------------------------------------------------------------------- cupy.cuda
@@ -110,6 +103,15 @@ class Device:
         return "90"
 
 
+class _Clock:
+    """The stand-in's device clock (ms): advanced by what the cuDNN stand-in executes, read by events."""
+    now_ms = 0.0
+
+
+def advance_clock(ms: float) -> None:
+    _Clock.now_ms += float(ms)
+
+
 class Stream:
     _next_ptr = 0x5000
 
@@ -119,11 +121,14 @@ class Stream:
         self.device_id = _State.current_device
 
     def synchronize(self):
-        pass
+        CALLS.append(("stream_synchronize", self.ptr))
 
     def wait_event(self, event):
         if not isinstance(event, Event):
             raise TypeError(f"Stream.wait_event takes an Event, got {type(event).__name__}")
+        if not event.recorded:
+            raise AssertionError("Stream.wait_event on an event never recorded (the wait orders nothing)")
+        CALLS.append(("wait_event", self.ptr, id(event)))
 
     def record(self, event=None):
         event = event or Event()
@@ -135,11 +140,14 @@ class Event:
     def __init__(self, block=False, disable_timing=False, interprocess=False):
         self.disable_timing = disable_timing
         self.recorded = False
+        self.time_ms = None
 
     def record(self, stream=None):
         if stream is not None and not isinstance(stream, Stream):
             raise TypeError(f"Event.record takes a Stream, got {type(stream).__name__}")
         self.recorded = True
+        self.time_ms = _Clock.now_ms
+        CALLS.append(("record", (stream or _NULL_STREAM).ptr, id(self)))
 
     def synchronize(self):
         pass
@@ -160,7 +168,7 @@ def get_elapsed_time(start, end):
     for e in (start, end):
         if not e.recorded or e.disable_timing:
             raise RuntimeError("get_elapsed_time needs two recorded events with timing (stand-in)")
-    return 0.01
+    return end.time_ms - start.time_ms
 
 
 def _runtime_module():

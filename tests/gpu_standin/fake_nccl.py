@@ -15,6 +15,12 @@ from . import device_memory
 
 CALLS: list[tuple] = []
 
+
+def _log_on_stream(name, stream):
+    """Also in the CuPy stand-in's call log, in order with the events recorded and waited for."""
+    from . import fake_cupy
+    fake_cupy.CALLS.append(("nccl", name, int(stream)))
+
 NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_INT64 = 0, 1, 2, 4
 NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64 = 6, 7, 8
 NCCL_SUM = 0
@@ -56,6 +62,7 @@ class NcclCommunicator:
         send = self._buffer(sendbuf, count, datatype, "allReduce send")
         recv = self._buffer(recvbuf, count, datatype, "allReduce recv")
         CALLS.append(("allReduce", count, datatype))
+        _log_on_stream("allReduce", stream)
         if self.ndev > 1:
             from mpi4py import MPI
             if sendbuf == recvbuf:
@@ -69,6 +76,7 @@ class NcclCommunicator:
         _int(stream, "stream")
         buf = self._buffer(buff, count, datatype, "bcast")
         CALLS.append(("bcast", count, datatype, root))
+        _log_on_stream("bcast", stream)
         if self.ndev > 1:
             from mpi4py import MPI
             MPI.COMM_WORLD.Bcast(buf, root=_int(root, "root"))

@@ -232,7 +232,7 @@ class RawFunction:
         for i, (arg, (ctype, pname, kind, nptype)) in enumerate(zip(args, self.params)):
             where = f"{self.name} argument {i} ({ctype} {pname})"
             if kind == "pointer":
-                if isinstance(arg, np.ndarray) and not isinstance(arg, DeviceArray):
+                if isinstance(arg, np.ndarray):
                     raise TypeError(f"{where}: a host numpy.ndarray (CuPy refuses it: Unsupported type)")
                 if not isinstance(arg, DeviceArray):
                     raise TypeError(f"{where}: expected a device array, got {type(arg).__name__}")
@@ -240,7 +240,7 @@ class RawFunction:
                     raise TypeError(f"{where}: device array of {arg.dtype}, the kernel reads {np.dtype(nptype)}")
                 if not arg.flags.c_contiguous:
                     raise TypeError(f"{where}: not C-contiguous (the kernel would read the wrong elements)")
-                values.append(ctypes.c_void_p(arg.__array_interface__["data"][0]))
+                values.append(ctypes.c_void_p(arg.data.ptr))
             else:
                 if type(arg) is not nptype:
                     raise TypeError(f"{where}: expected numpy.{nptype.__name__}, got {type(arg).__name__} "
