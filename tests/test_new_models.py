@@ -105,7 +105,8 @@ def test_an_autoencoder_without_input_targets_is_one_line():
                         MNIST, "--progress_bar", "false"]))
 
 
-# --- the GPU backend's glue for the new layers, over the host stand-in of CuPy/cuDNN (not a GPU) -------
+# --- the GPU backend's glue for the new layers, over the host stand-in of CuPy/cuDNN (not a GPU); the
+# name says "standin" so that the device check (-k "gpu and not standin") leaves it to CI
 
 EVERY_NEW_LAYER = """
 from pydtnn.activations import GELU, SiLU
@@ -147,7 +148,7 @@ def launch_standin(tmp_path, args, gpu):
 
 
 @pytest.mark.parametrize("what", ["image_and_attention_layers", "byte_lm"])
-def test_glue_new_layers_on_the_gpu_backend_train_as_on_the_cpu(tmp_path, what):
+def test_glue_new_layers_on_the_standin_train_as_on_the_cpu(tmp_path, what):
     """The GPU backend over the host stand-in (tests/gpu_standin: our glue, not NVIDIA's libraries): the
     same layer code through CuPy's API, cuDNN for the convolutions (ConvTranspose2D's included), trains
     with the CPU run's losses, in float64."""
