@@ -18,14 +18,14 @@ import os
 
 from pydtnn.errors import ConfigError, DatasetError
 
-from . import cifar10, imagenet, mnist, synthetic
+from . import cifar10, imagenet, mnist, synthetic, text
 from .base import NORMALIZATION, Augmentation, Dataset, Split, check_fraction
 from .download import default_cache_dir, download_dataset, fetch
 
 __all__ = ["load_dataset", "Dataset", "Split", "Augmentation", "NORMALIZATION", "DATASETS",
            "KNOWN_SHAPES", "fetch", "download_dataset", "default_cache_dir"]
 
-DATASETS = ("mnist", "cifar10", "imagenet", "synthetic")
+DATASETS = ("mnist", "cifar10", "imagenet", "synthetic", "bytes")
 
 # Per-sample shape and number of classes of the real datasets (ImageNet: upstream's 227 x 227 shards;
 # the actual shape is read from the shards). Useful to build a synthetic stand-in of the same shape.
@@ -94,8 +94,9 @@ def load_dataset(name: str, *, train_path=None, test_path=None, validation_split
                  test_as_validation: bool = False, normalize: bool = True, flip_images: bool = False,
                  flip_images_prob: float = 0.5, crop_images: bool = False, crop_images_size: int = 16,
                  crop_images_prob: float = 0.5, input_shape=None, nclasses=None, synthetic_samples=None,
-                 seed: int = 0, download: bool = False, cache_dir=None) -> Dataset:
-    """Load ``name`` (mnist | cifar10 | imagenet | synthetic) as a :class:`Dataset`.
+                 seed: int = 0, download: bool = False, cache_dir=None, targets: str = "labels",
+                 sequence_length: int = 64) -> Dataset:
+    """Load ``name`` (mnist | cifar10 | imagenet | synthetic | bytes) as a :class:`Dataset`.
 
     - ``train_path`` / ``test_path``: folders. mnist and cifar10 default to ``<cache>/<name>``
       (``cache_dir``, else ``$PYDTNN_CACHE``, else ``~/.cache/pydtnn``), and ``test_path`` defaults to
@@ -116,11 +117,24 @@ def load_dataset(name: str, *, train_path=None, test_path=None, validation_split
     - ``synthetic_samples``: number of synthetic training samples (test: a fifth of it).
     - ``seed``: synthetic data and augmentation. ``download``: fetch missing mnist/cifar10 files into the
       cache (see :func:`download_dataset`).
+    - ``targets``: "labels" (class labels, the default) or "inputs" (each image is its own target: an
+      autoencoder's; the model's output shape is then the input shape).
+    - bytes: a text file (``train_path``, default the public-domain text shipped in the package) cut into
+      sequences of ``sequence_length`` bytes, each with the next byte of every position as its targets
+      (a byte-level language model); ``validation_split`` holds out the last sequences. See :mod:`.text`.
     """
     key = str(name).lower()
     if key not in DATASETS:
         raise ConfigError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
     validation_split = check_fraction("validation_split", validation_split)
+    if key == "bytes":
+        if targets != "labels":
+            raise ConfigError("the bytes dataset's targets are the next bytes; it takes no targets option")
+        if test_as_validation:
+            raise ConfigError("the bytes dataset has no test split: use validation_split")
+        return text.load_bytes(train_path, sequence_length, validation_split)
+    if targets not in Split.TARGETS:
+        raise ConfigError(f"targets must be one of {', '.join(Split.TARGETS)}, got {targets!r}")
     flip_images_prob = check_fraction("flip_images_prob", flip_images_prob, upper_open=False)
     crop_images_prob = check_fraction("crop_images_prob", crop_images_prob, upper_open=False)
     if validation_split > 0 and test_as_validation:
@@ -184,10 +198,11 @@ def load_dataset(name: str, *, train_path=None, test_path=None, validation_split
     mean, std = NORMALIZATION[key] if normalize else (None, None)
     aug = Augmentation(seed=int(seed), flip=bool(flip_images), flip_prob=flip_images_prob,
                        crop=bool(crop_images), crop_size=crop_images_size, crop_prob=crop_images_prob)
-    common = dict(nclasses=k, mean=mean, std=std)
+    common = dict(nclasses=k, mean=mean, std=std, targets=targets)
     train = Split(train_src, 0, n - nval, augmentation=aug, name="train", **common)
     val = Split(train_src, n - nval, n, name="val", **common) if nval else None
     test = Split(test_src, name="test", **common) if test_src is not None else None
     if test_as_validation:
         val = test
-    return Dataset(name=key, input_shape=shape, nclasses=k, train=train, val=val, test=test)
+    return Dataset(name=key, input_shape=shape, nclasses=k, train=train, val=val, test=test,
+                   target_shape=shape if targets == "inputs" else None)

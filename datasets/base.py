@@ -161,9 +161,15 @@ class Split:
     ``len(split)``, ``split.epoch_order(seed, epoch)``, ``split.take(indices, epoch=None)``.
     """
 
+    TARGETS = ("labels", "inputs")
+
     def __init__(self, source, start: int = 0, stop: int | None = None, *, nclasses: int,
-                 mean=None, std=None, augmentation: Augmentation | None = None, name: str = "train"):
+                 mean=None, std=None, augmentation: Augmentation | None = None, name: str = "train",
+                 targets: str = "labels"):
         stop = len(source) if stop is None else stop
+        if targets not in self.TARGETS:
+            raise ConfigError(f"targets must be one of {', '.join(self.TARGETS)}, got {targets!r}")
+        self.targets = targets
         if not 0 <= start <= stop <= len(source):
             raise ValueError(f"bad split range [{start}, {stop}) of a source of {len(source)} samples")
         self.source = source
@@ -220,7 +226,8 @@ class Split:
         return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, dtype=np.int64)
 
     def take(self, indices, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Samples ``indices`` (split-local) as ``x`` float32 (N, C, H, W) normalized, ``y`` int64.
+        """Samples ``indices`` (split-local) as ``x`` float32 (N, C, H, W) normalized, ``y`` int64 labels,
+        or with ``targets="inputs"`` (an autoencoder's) ``y`` a copy of ``x``.
 
         Augmentation (train split only) is applied when ``epoch`` is given.
         """
@@ -235,6 +242,8 @@ class Split:
         out = np.empty(x.shape, dtype=np.float32)
         np.multiply(x, self._scale, out=out)
         out += self._bias
+        if self.targets == "inputs":
+            return out, out.copy()
         return out, np.asarray(y, dtype=np.int64)
 
 
@@ -248,6 +257,12 @@ class Dataset:
     train: Split
     val: Split | None = None
     test: Split | None = None
+    target_shape: tuple | None = None    # per-sample shape of the targets; None: (nclasses,) one-hot labels
+
+    @property
+    def output_shape(self) -> tuple:
+        """The output shape a model needs for these targets."""
+        return tuple(self.target_shape) if self.target_shape is not None else (self.nclasses,)
 
     def describe(self) -> str:
         """One line for logs: name, shape, classes and split sizes."""

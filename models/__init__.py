@@ -24,10 +24,11 @@ import inspect
 import os
 import sys
 
-from pydtnn.errors import ConfigError
+from pydtnn.errors import ConfigError, PyDTNNError
 
 from . import _common
-from . import alexnet, densenet, googlenet, inception, mobilenet, resnet, simple, vgg, vgg_small  # noqa: F401
+from . import (alexnet, autoencoder, densenet, googlenet, inception, mobilenet, resnet, simple,  # noqa: F401
+               transformers, vgg, vgg_small)
 
 MODELS: dict = dict(_common.BUILDERS)       # name -> builder
 
@@ -103,9 +104,13 @@ def load_model_file(path):
     try:
         with _importable_folder(os.path.dirname(path)):
             spec.loader.exec_module(module)
-    except Exception as e:         # SyntaxError, ImportError, anything its top level raises
+    except (SyntaxError, ImportError, PyDTNNError) as e:     # not Python, a missing module: one line
         sys.modules.pop(module_name, None)
-        raise ConfigError(f"model file {path} failed to load: {type(e).__name__}: {_one_line(e)}") from e
+        where = f" (line {e.lineno})" if isinstance(e, SyntaxError) and e.lineno else ""
+        raise ConfigError(f"model file {path} failed to load{where}: {type(e).__name__}: {_one_line(e)}") from e
+    except BaseException:          # a bug in the file's own code keeps its traceback
+        sys.modules.pop(module_name, None)
+        raise
     create = getattr(module, "create_model", None)
     if not callable(create):
         raise ConfigError(f"model file {path} does not define create_model(model)")
@@ -132,9 +137,12 @@ def _build_from_file(path, model, nclasses, input_shape):
     try:
         with _importable_folder(os.path.dirname(path)):     # create_model may import lazily too
             create(model, **kwargs)
-    except Exception as e:
+    except PyDTNNError as e:
+        # a user's mistake the project detected (a shape that does not fit...): one line naming the file.
+        # Anything else raised in create_model or in a layer's build/initialize is a bug in that code and
+        # keeps its traceback.
         kind = type(e).__name__
-        raise ConfigError(f"model file {path}: create_model failed: {kind}: {_one_line(e)}") from e
+        raise type(e)(f"model file {path}: create_model failed: {kind}: {_one_line(e)}") from e
     if not model.layers:
         raise ConfigError(f"model file {path}: create_model added no layers to the model")
     if input_shape is not None and tuple(model.input_shape) != tuple(input_shape):

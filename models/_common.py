@@ -13,8 +13,8 @@ from pydtnn.activations import Relu
 from pydtnn.errors import ConfigError, ShapeError
 from pydtnn.layers import FC, BatchNormalization, Conv2D, Input
 
-DATASET_SHAPES = {"mnist": (1, 28, 28), "cifar10": (3, 32, 32), "imagenet": (3, 224, 224)}
-DATASET_CLASSES = {"mnist": 10, "cifar10": 10, "imagenet": 1000}
+DATASET_SHAPES = {"mnist": (1, 28, 28), "cifar10": (3, 32, 32), "imagenet": (3, 224, 224), "bytes": (64,)}
+DATASET_CLASSES = {"mnist": 10, "cifar10": 10, "imagenet": 1000, "bytes": 256}
 
 BUILDERS: dict = {}          # name -> decorated builder, in registration order (filled at import time)
 

@@ -2,6 +2,8 @@
 
 Layers never modify their input or their incoming gradient in place: a block may share them between paths.
 """
+import math
+
 from pydtnn.errors import ConfigError
 from pydtnn.layers.base import Layer
 
@@ -64,27 +66,70 @@ class Tanh(Layer):
         return dy * (1 - self.y * self.y)      # upstream used tan and forgot the chain rule
 
 
+class GELU(Layer):
+    """x * Phi(x), Phi the standard normal CDF (`approximate="none"`, exact through erfc), or PyTorch's
+    tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (`approximate="tanh"`)."""
+    internal_layout = True      # element-wise
+    APPROXIMATIONS = ("none", "tanh")
+
+    def __init__(self, approximate="none", name=None):
+        super().__init__(name=name)
+        if approximate not in self.APPROXIMATIONS:
+            raise ConfigError(f"GELU approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x, training=False):
+        xp, one = self.xp, x.dtype.type(1)
+        self.x = x
+        if self.approximate == "tanh":
+            self.t = xp.tanh(x.dtype.type(math.sqrt(2 / math.pi)) * (x + x.dtype.type(0.044715) * x * x * x))
+            return 0.5 * x * (one + self.t)
+        self.cdf = 0.5 * self.backend.erfc(x * x.dtype.type(-math.sqrt(0.5)))     # accurate in both tails
+        return x * self.cdf
+
+    def backward(self, dy):
+        x, xp = self.x, self.xp
+        if self.approximate == "tanh":
+            t, c = self.t, x.dtype.type(math.sqrt(2 / math.pi))
+            return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + x.dtype.type(3 * 0.044715) * x * x))
+        pdf = xp.exp(-0.5 * x * x) * x.dtype.type(1 / math.sqrt(2 * math.pi))
+        return dy * (self.cdf + x * pdf)
+
+
+class SiLU(Layer):
+    """x * sigmoid(x) (also called Swish); dy/dx = s (1 + x (1 - s))."""
+    internal_layout = True      # element-wise
+
+    def forward(self, x, training=False):
+        self.x = x
+        self.s = stable_sigmoid(self.xp, x)
+        return x * self.s
+
+    def backward(self, dy):
+        s = self.s
+        return dy * (s * (1 + self.x * (1 - s)))
+
+
 class Softmax(Layer):
-    """Softmax over features. A categorical cross-entropy loss fuses with it (see losses.py)."""
+    """Softmax over the last axis: the features of (F,), each position's of (T, D). A categorical
+    cross-entropy loss fuses with it (see losses.py)."""
     internal_layout = True      # works on the backend's layout directly (no transposes)
 
     def build(self, in_shape):
-        if len(in_shape) != 1:
-            raise self.shape_error("Softmax needs flat (features,) input")
+        if len(in_shape) not in (1, 2):
+            raise self.shape_error("Softmax needs (features,) or (T, features) input")
         return in_shape
 
     def forward(self, x, training=False):
-        xp = self.xp
-        e = xp.exp(x - x.max(axis=1, keepdims=True))
-        self.y = e / e.sum(axis=1, keepdims=True)
+        self.y = self.backend.softmax(x.copy())
         return self.y
 
     def backward(self, dy):
-        y = self.y
-        return y * (dy - (dy * y).sum(axis=1, keepdims=True))
+        return self.backend.softmax_backward(self.y, dy.copy())
 
 
-ACTIVATIONS = {"relu": Relu, "leaky_relu": LeakyRelu, "sigmoid": Sigmoid, "tanh": Tanh, "softmax": Softmax}
+ACTIVATIONS = {"relu": Relu, "leaky_relu": LeakyRelu, "sigmoid": Sigmoid, "tanh": Tanh, "softmax": Softmax,
+               "gelu": GELU, "silu": SiLU}
 
 
 def make_activation(spec):

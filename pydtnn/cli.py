@@ -132,8 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("dataset")
     g.add_argument("--dataset", dest="dataset_name", default="synthetic",
-                   choices=["synthetic", "mnist", "cifar10", "imagenet"],
-                   help="synthetic (learnable, offline; upstream's default was mnist), mnist, cifar10, imagenet")
+                   choices=["synthetic", "mnist", "cifar10", "imagenet", "bytes"],
+                   help="synthetic (learnable, offline; upstream's default was mnist), mnist, cifar10, imagenet, "
+                        "bytes (a text file, --dataset_train_path, default a shipped public-domain text, as "
+                        "--sequence_length byte ids with next-byte targets: a language model's)")
+    g.add_argument("--targets", default="labels", choices=["labels", "inputs"],
+                   help="labels: the class labels; inputs: each image is its own target (an autoencoder's, "
+                        "with --loss_func mean_squared_error)")
+    g.add_argument("--sequence_length", type=positive_int, default=64, help="bytes: positions per sequence")
     g.add_argument("--use_synthetic_data", type=B, default=False,
                    help="learnable synthetic data shaped like --dataset (upstream used zeros)")
     g.add_argument("--synthetic_samples", type=positive_int, default=None, help="training samples of synthetic data")
@@ -165,7 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--epsilon", type=finite_float, default=1e-7)
     g.add_argument("--rho", type=finite_float, default=0.9)
     g.add_argument("--loss_func", default="categorical_cross_entropy",
-                   choices=["categorical_cross_entropy", "binary_cross_entropy"])
+                   choices=["categorical_cross_entropy", "binary_cross_entropy", "mean_squared_error",
+                            "mean_absolute_error"],
+                   help="categorical_cross_entropy also per position on (T, K) outputs; the regression losses "
+                        "are means over every element")
     g.add_argument("--label_smoothing", type=finite_float, default=0.0,
                    help="categorical_cross_entropy: train on targets (1 - e) y + e/K, e in [0, 1) (0 = off)")
     g.add_argument("--clip_grad_norm", type=finite_float, default=0.0,
@@ -491,6 +500,8 @@ def _build_local(p, devices, P, rank):
                         normalize=p.normalize, flip_images=p.flip_images, flip_images_prob=p.flip_images_prob,
                         crop_images=p.crop_images, crop_images_size=p.crop_images_size,
                         crop_images_prob=p.crop_images_prob)
+    if p.use_synthetic_data and p.dataset_name == "bytes":
+        raise ConfigError("--use_synthetic_data makes images; the bytes dataset is text (drop the flag)")
     if p.dataset_name == "synthetic" or p.use_synthetic_data:
         if p.dataset_name != "synthetic":
             shape, ncls = KNOWN_SHAPES[p.dataset_name]
@@ -504,18 +515,23 @@ def _build_local(p, devices, P, rank):
             check_fits(dataset_bytes(p.synthetic_samples, model.input_shape),
                        f"--synthetic_samples {p.synthetic_samples}", "lower --synthetic_samples")
         dataset = load_dataset("synthetic", input_shape=model.input_shape, nclasses=model.output_shape[0],
-                               synthetic_samples=p.synthetic_samples, seed=p.seed, **augmentation)
+                               synthetic_samples=p.synthetic_samples, seed=p.seed, targets=p.targets,
+                               **augmentation)
     else:
         dataset = load_dataset(p.dataset_name, train_path=p.dataset_train_path, test_path=p.dataset_test_path,
-                               seed=p.seed, **augmentation)
+                               seed=p.seed, targets=p.targets, sequence_length=p.sequence_length, **augmentation)
         build_model(p.model_name, model, nclasses=dataset.nclasses,
                     input_shape=None if os.path.isfile(p.model_name) else dataset.input_shape)
     if tuple(model.input_shape) != tuple(dataset.input_shape):
         raise ConfigError(f"model {p.model_name} takes inputs {model.input_shape} but dataset {p.dataset_name} "
                           f"has {dataset.input_shape}")
-    if model.output_shape[0] != dataset.nclasses:
-        raise ConfigError(f"model {p.model_name} has {model.output_shape[0]} outputs but dataset "
-                          f"{p.dataset_name} has {dataset.nclasses} classes")
+    if tuple(model.output_shape) != dataset.output_shape:
+        what = (f"{dataset.nclasses} classes" if dataset.target_shape is None else
+                f"targets of shape {dataset.output_shape}")
+        hint = "; an autoencoder needs --targets inputs" if dataset.target_shape is None and \
+            tuple(model.output_shape) == tuple(dataset.input_shape) else ""
+        raise ConfigError(f"model {p.model_name} gives outputs of shape {tuple(model.output_shape)} but dataset "
+                          f"{p.dataset_name} has {what}{hint}")
 
     # the global batch and its split
     if p.parallel == "data":
@@ -604,7 +620,7 @@ def _download_on_rank0(p, comm):
 
 def _probe_sizes(trainer, B, P, caps=None):
     """--balance static without --replica_speeds: time a few local steps and split B by measured speed."""
-    from pydtnn.model import one_hot
+    from pydtnn.model import as_targets
     from pydtnn.parallel import balance
     model = trainer.model
     b = max(1, min(B // P, min(caps) if caps else B))
@@ -612,7 +628,7 @@ def _probe_sizes(trainer, B, P, caps=None):
     idx = trainer.dataset.train.epoch_order(trainer.seed, 0)[:b]
     x, labels = raise_together(trainer.comm, lambda: trainer.dataset.train.take(idx),
                                "another rank could not read the speed probe's samples")
-    y = one_hot(labels, trainer.nclasses, model.dtype)
+    y = as_targets(labels, trainer.nclasses, model.dtype)
     step = lambda: trainer._local_gradients(x, y, 1.0, overlap=False)
     with trainer.side_passes():       # each rank times its own number of steps: no BatchNorm collectives
         step()                                    # first call: allocations, compilation

@@ -25,6 +25,8 @@ INITIALIZERS = {
     "glorot_normal": _normal(lambda i, o: 2.0 / (i + o)),
     "lecun_uniform": _uniform(lambda i, o: 3.0 / i),
     "lecun_normal": _normal(lambda i, o: 1.0 / i),
+    "standard_normal": lambda shape, fan_in, fan_out, rng: rng.standard_normal(size=shape),   # torch Embedding
+    "small_normal": lambda shape, fan_in, fan_out, rng: 0.02 * rng.standard_normal(size=shape),  # ViT, GPT-2
     "zeros": lambda shape, fan_in, fan_out, rng: np.zeros(shape),
     "ones": lambda shape, fan_in, fan_out, rng: np.ones(shape),
 }

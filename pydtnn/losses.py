@@ -1,5 +1,9 @@
 """Losses: the mean over the batch of a per-sample loss, with its gradient.
 
+Categorical cross-entropy works on the last axis: (N, K) class probabilities, or (N, T, K) per position
+(a language model's next-token distributions), where the value is the mean over all N * T positions.
+The regression losses are means over every element, as PyTorch's MSELoss() and L1Loss().
+
 Each loss returns (value, dy) with dy = d(mean loss)/d(prediction). When the model ends in the activation
 a loss fuses with (Softmax for categorical cross-entropy, Sigmoid for binary cross-entropy), the model
 calls `from_logits` instead: stable for any logits (no log(0), no exp overflow) and cheaper.
@@ -41,26 +45,31 @@ class CategoricalCrossEntropy(Loss):
         if not self.label_smoothing:
             return y_true
         e = self.label_smoothing
-        return (1 - e) * y_true + e / y_true.shape[1]
+        return (1 - e) * y_true + e / y_true.shape[-1]
+
+    @staticmethod
+    def _positions(y):
+        """How many distributions the mean runs over: N, or N * T for (N, T, K)."""
+        return y.size // y.shape[-1]
 
     def __call__(self, y_pred, y_true):
         xp = _xp(y_pred)
         y_true = self._targets(y_true)
         p = xp.clip(y_pred, self.eps, 1.0)
-        n = y_pred.shape[0]
+        n = self._positions(y_pred)
         value = -float((y_true * xp.log(p)).sum()) / n
         return value, -(y_true / p) / n
 
     def from_logits(self, z, y_true):
         xp = _xp(z)
         y_true = self._targets(y_true)
-        shifted = z - z.max(axis=1, keepdims=True)
-        log_p = shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
+        shifted = z - z.max(axis=-1, keepdims=True)
+        log_p = shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
         p = xp.exp(log_p)
-        n = z.shape[0]
+        n = self._positions(z)
         value = -float((y_true * log_p).sum()) / n
         # d/dz of -sum_k y_k log softmax(z)_k = p * sum_k y_k - y (= p - y for one-hot targets)
-        dz = (p * y_true.sum(axis=1, keepdims=True) - y_true) / n
+        dz = (p * y_true.sum(axis=-1, keepdims=True) - y_true) / n
         return value, p, dz
 
 
@@ -88,7 +97,27 @@ class BinaryCrossEntropy(Loss):
         return value, p, (p - y_true) / z.size
 
 
-LOSSES = {cls.name: cls for cls in (CategoricalCrossEntropy, BinaryCrossEntropy)}
+class MeanSquaredError(Loss):
+    """mean over every element of (y_pred - y)^2, as torch.nn.MSELoss() (regression, autoencoders)."""
+    name = "mean_squared_error"
+
+    def __call__(self, y_pred, y_true):
+        diff = y_pred - y_true
+        return float((diff * diff).sum()) / diff.size, diff * diff.dtype.type(2 / diff.size)
+
+
+class MeanAbsoluteError(Loss):
+    """mean over every element of |y_pred - y|, as torch.nn.L1Loss() (its gradient sign(.), 0 at 0)."""
+    name = "mean_absolute_error"
+
+    def __call__(self, y_pred, y_true):
+        xp = _xp(y_pred)
+        diff = y_pred - y_true
+        return float(xp.abs(diff).sum()) / diff.size, xp.sign(diff) * diff.dtype.type(1 / diff.size)
+
+
+LOSSES = {cls.name: cls for cls in (CategoricalCrossEntropy, BinaryCrossEntropy, MeanSquaredError,
+                                    MeanAbsoluteError)}
 
 
 def get_loss(name_or_loss, label_smoothing=0.0):

@@ -323,8 +323,8 @@ class Model:
 
     def _one_hot(self, y):
         y = np.asarray(y)
-        if y.ndim == 1:
-            return one_hot(y, self.output_shape[0], self.dtype)
+        if y.ndim == len(self.output_shape):        # labels: one per sample, or per position (N, T)
+            return one_hot(y, self.output_shape[-1], self.dtype)
         return y.astype(self.dtype, copy=False)
 
 
@@ -343,11 +343,20 @@ class FitLoop:
 
 
 def one_hot(labels, nclasses, dtype):
-    """Integer labels (N,) -> one-hot host array (N, nclasses)."""
+    """Integer labels (N,) -> one-hot host array (N, nclasses); (N, T) per-position labels -> (N, T, nclasses)."""
     labels = np.asarray(labels)
     if labels.size and (labels.min() < 0 or labels.max() >= nclasses):
         raise ConfigError(f"labels must be in 0..{nclasses - 1}, got {labels.min()}..{labels.max()} "
                           f"(does the model's output size match the dataset's classes?)")
-    out = np.zeros((len(labels), nclasses), dtype=dtype)
-    out[np.arange(len(labels)), labels] = 1
+    out = np.zeros(labels.shape + (nclasses,), dtype=dtype)
+    np.put_along_axis(out, labels[..., None], 1, axis=-1)
     return out
+
+
+def as_targets(y, nclasses, dtype):
+    """What a loss compares the outputs with: integer labels one-hot encoded (one_hot), float targets (an
+    autoencoder's images, regression values) as they are, in the model's dtype."""
+    y = np.asarray(y)
+    if np.issubdtype(y.dtype, np.integer):
+        return one_hot(y, nclasses, dtype)
+    return y.astype(dtype, copy=False)

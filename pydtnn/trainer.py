@@ -38,7 +38,7 @@ from pydtnn.errors import CheckpointError, ConfigError, NumericalError, OutputEr
 from pydtnn.layers.batchnorm import BatchNormalization
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
-from pydtnn.model import one_hot
+from pydtnn.model import as_targets
 from pydtnn.outputs import atomic_write
 from pydtnn.parallel import balance
 from pydtnn.parallel.comm import BucketedReducer, SerialComm, agree_on_error, raise_together
@@ -106,7 +106,7 @@ class Trainer:
         # what a person reads (epoch lines, per-replica tables) goes to stdout, in order with the rest
         self.log = log or (lambda msg: print(msg, flush=True) if self.rank == 0 else None)
         self.flags = flags or {}
-        self.nclasses = model.output_shape[0]
+        self.nclasses = model.output_shape[-1]        # classes of (N, K) or per-position (N, T, K) outputs
         self.stop_training = False
         self.history: list[dict] = []
         self.start_epoch = 0
@@ -197,7 +197,7 @@ class Trainer:
 
     def _take(self, indices, epoch):
         x, labels = self.dataset.train.take(indices, epoch=epoch)
-        return x, one_hot(labels, self.nclasses, self.model.dtype)
+        return x, as_targets(labels, self.nclasses, self.model.dtype)
 
     def _batch(self, indices, epoch, next_indices):
         """This step's batch, or (when this rank cannot read it: a corrupt shard) zeros of its shape and
@@ -205,8 +205,9 @@ class Trainer:
         try:
             return self.prefetcher.get(indices, epoch, next_indices), None
         except PyDTNNError as e:
-            shape = (len(indices),) + tuple(self.model.input_shape)
-            return (np.zeros(shape, np.float32), np.zeros((len(indices), self.nclasses), self.model.dtype)), e
+            n, first = len(indices), self.model.layers[0]
+            x = np.zeros((n,) + tuple(self.model.input_shape), np.int64 if getattr(first, "ids", False) else np.float32)
+            return (x, np.zeros((n,) + tuple(self.model.output_shape), self.model.dtype)), e
 
     def train_step(self, indices, epoch, step_sizes, next_indices=None):
         b_i = len(indices)
@@ -452,7 +453,7 @@ class Trainer:
             except PyDTNNError as e:        # this rank's part of a lazily read split (a corrupt shard)
                 error, sums[-1] = e, 1.0
                 break
-            y = self.model.backend.asarray(one_hot(labels, self.nclasses, self.model.dtype))
+            y = self.model.backend.asarray(as_targets(labels, self.nclasses, self.model.dtype))
             y_pred = self.model.forward(x, training=False)
             values = [self.loss(y_pred, y)[0]] + [f(y_pred, y) for f in self.metric_fns]
             sums[:-2] += np.asarray(values) * len(idx)

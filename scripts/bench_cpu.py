@@ -5,9 +5,10 @@
     python scripts/bench_cpu.py                          # the table of docs/performance.md
     python scripts/bench_cpu.py --models resnet20_cifar10 --threads 2 --breakdown
     python scripts/bench_cpu.py --conv_algorithms direct,winograd,auto --ddp    # + the 2-rank row
+    python scripts/bench_cpu.py --models vit_tiny_mnist --breakdown      # a Vision Transformer step
 
 The PyTorch network is MIRRORED from the PyDTNN model layer by layer (same convolutions, pools, blocks,
-initial weights), and the first step's loss of both is checked to agree, so both frameworks time the very
+normalizations, attention, initial weights), and the first step's loss of both is checked to agree, so both frameworks time the very
 same computation. A step is forward + loss + backward + SGD update, float32. The two frameworks alternate
 in rounds and the median step time of each is reported, with the ratio PyDTNN / PyTorch, and the spread
 of the per-round ratios (min-max). `conv_algorithm` is the CPU backend's option (PyTorch keeps its
@@ -60,6 +61,28 @@ def mirror(model):
         def forward(self, x):
             return torch.cat([p(x) for p in self.paths], dim=1)
 
+    class AddPositions(nn.Module):                 # PositionEmbedding
+        def __init__(self, weights):
+            super().__init__()
+            self.weights = nn.Parameter(weights)
+
+        def forward(self, x):
+            return x + self.weights
+
+    class Tokens(nn.Module):                       # ImageToSequence: (N, C, H, W) -> (N, H W, C)
+        def forward(self, x):
+            return x.flatten(2).transpose(1, 2)
+
+    class SelfAttention(nn.MultiheadAttention):    # MultiHeadAttention: q = k = v, the causal mask if asked
+        def __init__(self, layer):
+            super().__init__(layer.embed_dim, layer.num_heads, dropout=layer.dropout, batch_first=True)
+            self.causal = layer.causal
+
+        def forward(self, x):
+            t = x.shape[1]
+            mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1) if self.causal else None
+            return super().forward(x, x, x, attn_mask=mask, need_weights=False)[0]
+
     def convert(layer):
         t = lambda a: torch.from_numpy(np.ascontiguousarray(model.backend.to_numpy(a)))
         if isinstance(layer, L.Input):
@@ -74,7 +97,7 @@ def mirror(model):
                     m.bias.copy_(t(layer.biases))
             return m
         if isinstance(layer, L.FC):
-            m = nn.Linear(layer.in_shape[0], layer.out_features, bias=layer.use_bias)
+            m = nn.Linear(layer.in_shape[-1], layer.out_features, bias=layer.use_bias)
             with torch.no_grad():
                 m.weight.copy_(t(layer.weights).T)
                 if layer.use_bias:
@@ -92,6 +115,50 @@ def mirror(model):
                 m.weight.copy_(t(layer.gamma))
                 m.bias.copy_(t(layer.beta))
             return m
+        if isinstance(layer, (L.LayerNorm, L.GroupNorm)):
+            if isinstance(layer, L.GroupNorm):
+                m = nn.GroupNorm(layer.groups, layer.in_shape[0], eps=layer.epsilon)
+            elif len(layer.in_shape) == 3:
+                m = nn.GroupNorm(1, layer.in_shape[0], eps=layer.epsilon)
+            else:
+                m = nn.LayerNorm(layer.in_shape[-1], eps=layer.epsilon)
+            with torch.no_grad():
+                m.weight.copy_(t(layer.gamma))
+                m.bias.copy_(t(layer.beta))
+            return m
+        if isinstance(layer, L.MultiHeadAttention):
+            m = SelfAttention(layer)
+            with torch.no_grad():
+                m.in_proj_weight.copy_(t(layer.in_proj_weight))
+                m.in_proj_bias.copy_(t(layer.in_proj_bias))
+                m.out_proj.weight.copy_(t(layer.out_proj_weight))
+                m.out_proj.bias.copy_(t(layer.out_proj_bias))
+            return m
+        if isinstance(layer, L.Embedding):
+            m = nn.Embedding(layer.num_embeddings, layer.embedding_dim)
+            with torch.no_grad():
+                m.weight.copy_(t(layer.weights))
+            return m
+        if isinstance(layer, L.PositionEmbedding):
+            return AddPositions(t(layer.weights))
+        if isinstance(layer, L.ImageToSequence):
+            return Tokens()
+        if isinstance(layer, L.ConvTranspose2D):
+            s = layer.spec
+            m = nn.ConvTranspose2d(layer.in_shape[0], layer.nfilters, s.kernel, s.stride, s.padding,
+                                   layer.output_padding, bias=layer.use_bias)
+            with torch.no_grad():
+                m.weight.copy_(t(layer.weights))
+                if layer.use_bias:
+                    m.bias.copy_(t(layer.biases))
+            return m
+        if isinstance(layer, L.Upsample2D):
+            extra = {"align_corners": False} if layer.mode == "bilinear" else {}
+            return nn.Upsample(scale_factor=layer.scale, mode=layer.mode, **extra)
+        if isinstance(layer, A.GELU):
+            return nn.GELU(approximate=layer.approximate)
+        if isinstance(layer, A.SiLU):
+            return nn.SiLU()
         if isinstance(layer, L.Dropout):
             return nn.Dropout(layer.rate)
         if isinstance(layer, L.Flatten):

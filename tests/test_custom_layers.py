@@ -174,7 +174,7 @@ def test_builtin_layers_opt_out_of_the_boundary():
     """Every built-in layer declares the internal layout, so built-in models never transpose for it."""
     import pydtnn.layers as layers
     builtins = [getattr(layers, n) for n in layers.__all__ if n != "Layer"]
-    assert len(builtins) == 15 and all(cls.internal_layout for cls in builtins)
+    assert len(builtins) == 25 and all(cls.internal_layout for cls in builtins)
     assert Layer.internal_layout is False
 
 

@@ -63,6 +63,14 @@ def test_invariant_with_synchronized_batchnorm(non_blocking):
     assert r["rel_diff"] < 1e-10 and r["stats_rel_diff"] < 1e-10, r
 
 
+def test_invariant_for_a_vision_transformer():
+    """LayerNorm (per-sample statistics: nothing to synchronize), attention, GELU and residuals: 3 replicas
+    of speeds 1:2:3 equal one process on the global batch."""
+    r = _result(run_mpi(3, "invariant.py", ["proportional", "1,2,3", 60, 4, "model=vit"], timeout=180))
+    assert r["sizes"] == [10, 20, 30]
+    assert r["rel_diff"] < 1e-10, r
+
+
 def test_local_batchnorm_breaks_the_invariant():
     r = _result(run_mpi(3, "invariant.py", ["proportional", "1,2,3", 60, 4, "model=bn", "sync=0"], timeout=180))
     assert r["rel_diff"] > 1e-6 and r["stats_rel_diff"] > 1e-6, r

@@ -88,3 +88,71 @@ def test_unknown_names():
         get_loss("hinge")
     with pytest.raises(ConfigError, match="unknown metric"):
         metrics.get_metric("f1")
+
+
+# --- per-position cross entropy and the regression losses (issue 21) ---------------------------------
+
+def test_cce_per_position_is_the_mean_over_tokens():
+    """(N, T, K) logits: the same value and gradient as the (N*T, K) flattening, as torch's cross_entropy
+    on (N*T, K) with mean reduction."""
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((2, 3, 5))
+    labels = rng.integers(0, 5, (2, 3))
+    from pydtnn.model import one_hot
+    y = one_hot(labels, 5, np.float64)
+    assert y.shape == (2, 3, 5) and (y.argmax(-1) == labels).all()
+    value, p, dz = CategoricalCrossEntropy().from_logits(z, y)
+    flat_value, flat_p, flat_dz = CategoricalCrossEntropy().from_logits(z.reshape(6, 5), y.reshape(6, 5))
+    assert value == pytest.approx(flat_value, rel=1e-14)
+    np.testing.assert_allclose(dz.reshape(6, 5), flat_dz, rtol=1e-14)
+    log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    assert value == pytest.approx(-np.take_along_axis(log_p, labels[..., None], -1).mean(), rel=1e-13)
+    assert metrics.categorical_accuracy(p, y) == pytest.approx((z.argmax(-1) == labels).mean())
+
+
+@pytest.mark.parametrize("name", ["mean_squared_error", "mean_absolute_error"])
+def test_regression_losses_are_means_over_all_elements(name):
+    rng = np.random.default_rng(1)
+    pred, target = rng.standard_normal((3, 2, 4, 5)), rng.standard_normal((3, 2, 4, 5))
+    value, grad = get_loss(name)(pred, target)
+    diff = pred - target
+    if name == "mean_squared_error":
+        assert value == pytest.approx((diff ** 2).mean(), rel=1e-14)
+        np.testing.assert_allclose(grad, 2 * diff / diff.size, rtol=1e-14)
+    else:
+        assert value == pytest.approx(np.abs(diff).mean(), rel=1e-14)
+        np.testing.assert_allclose(grad, np.sign(diff) / diff.size, rtol=1e-14)
+    assert metrics.get_metric(name)(pred, target) == pytest.approx(value, rel=1e-14)   # the matching metric
+    eps = 1e-6
+    for idx in [(0, 0, 0, 0), (2, 1, 3, 4)]:
+        up, down = pred.copy(), pred.copy()
+        up[idx] += eps
+        down[idx] -= eps
+        numeric = (get_loss(name)(up, target)[0] - get_loss(name)(down, target)[0]) / (2 * eps)
+        assert grad[idx] == pytest.approx(numeric, rel=1e-6)
+
+
+@pytest.mark.parametrize("name,torch_name", [("mean_squared_error", "MSELoss"), ("mean_absolute_error", "L1Loss")])
+def test_regression_losses_match_torch(name, torch_name):
+    torch = pytest.importorskip("torch", reason="PyTorch oracle: pip install torch==2.13.0")
+    rng = np.random.default_rng(2)
+    pred, target = rng.standard_normal((4, 3, 2)), rng.standard_normal((4, 3, 2))
+    tp = torch.tensor(pred, requires_grad=True)
+    tv = getattr(torch.nn, torch_name)()(tp, torch.tensor(target))
+    tv.backward()
+    value, grad = get_loss(name)(pred, target)
+    assert value == pytest.approx(tv.item(), rel=1e-14)
+    np.testing.assert_allclose(grad, tp.grad.numpy(), rtol=1e-14)
+
+
+def test_cce_per_token_matches_torch():
+    torch = pytest.importorskip("torch", reason="PyTorch oracle: pip install torch==2.13.0")
+    rng = np.random.default_rng(3)
+    z, labels = rng.standard_normal((2, 4, 6)), rng.integers(0, 6, (2, 4))
+    from pydtnn.model import one_hot
+    value, _, dz = CategoricalCrossEntropy().from_logits(z, one_hot(labels, 6, np.float64))
+    tz = torch.tensor(z, requires_grad=True)
+    tv = torch.nn.functional.cross_entropy(tz.reshape(-1, 6), torch.tensor(labels).reshape(-1))
+    tv.backward()
+    assert value == pytest.approx(tv.item(), rel=1e-13)
+    np.testing.assert_allclose(dz, tz.grad.numpy(), rtol=1e-12, atol=1e-15)

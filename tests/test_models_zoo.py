@@ -21,7 +21,7 @@ import pytest
 
 import pydtnn.initializers
 from pydtnn import Model
-from pydtnn.errors import ConfigError, ShapeError
+from pydtnn.errors import ConfigError, PyDTNNError, ShapeError
 from pydtnn.layers import FC, AdditionBlock, BatchNormalization, Conv2D, ConcatenationBlock
 from pydtnn.models import (MODELS, build_model, default_dataset, default_input_shape, default_nclasses,
                            get_model_builder, list_models)
@@ -92,15 +92,31 @@ def new_model(seed=0):
 
 
 # --- registry -----------------------------------------------------------------------------------------
-def test_registry_holds_exactly_the_upstream_zoo():
-    assert set(MODELS) == EXPECTED_NAMES
-    assert list_models() == sorted(EXPECTED_NAMES)
+# Beyond upstream (issue 21): transformers and an autoencoder, tested in tests/test_new_models.py.
+NEW_NAMES = {"vit_tiny_mnist": ("mnist", 10, (1, 28, 28), (10,)),
+             "conv_autoencoder_mnist": ("mnist", 10, (1, 28, 28), (1, 28, 28)),
+             "bytelm_small": ("bytes", 256, (64,), (64, 256))}
+
+
+def test_registry_holds_exactly_the_upstream_zoo_and_the_new_models():
+    assert set(MODELS) == EXPECTED_NAMES | set(NEW_NAMES)
+    assert list_models() == sorted(EXPECTED_NAMES | set(NEW_NAMES))
     for name in MODELS:
         assert get_model_builder(name) is MODELS[name]
 
 
+@pytest.mark.parametrize("name", sorted(NEW_NAMES))
+def test_new_models_defaults(name):
+    dataset, nclasses, in_shape, out_shape = NEW_NAMES[name]
+    assert default_dataset(name) == dataset and default_nclasses(name) == nclasses
+    model = build_model(name, new_model())
+    assert model.input_shape == in_shape == default_input_shape(name) and model.output_shape == out_shape
+    if name == "vit_tiny_mnist":      # conv 3,200 + positions 1,024 + 2 blocks x 33,472 + LayerNorm 128 + head 10,250
+        assert model.nparams == 81_546
+
+
 def test_defaults_per_family():
-    for name in MODELS:
+    for name in EXPECTED_NAMES:
         dataset = default_dataset(name)
         expected = "mnist" if name.startswith("simple") else "imagenet" if name.endswith("_imagenet") else "cifar10"
         assert dataset == expected, name
@@ -303,10 +319,8 @@ def test_user_model_file_with_options(tmp_path):
 @pytest.mark.parametrize("content, message", [
     (None, "does not exist"),
     ("x = 1\n", "does not define create_model"),
-    ("def create_model(model):\n    model.add(\n", "failed to load: SyntaxError"),
+    ("def create_model(model):\n    model.add(\n", r"failed to load \(line 2\): SyntaxError"),
     ("import no_such_module_for_pydtnn\n", "failed to load: ModuleNotFoundError"),
-    ("raise RuntimeError('boom')\ndef create_model(model): pass\n", "failed to load: RuntimeError: boom"),
-    ("def create_model(model):\n    raise ValueError('bad layer')\n", "create_model failed: ValueError: bad layer"),
     ("from pydtnn.layers import FC\ndef create_model(model):\n    model.add(FC(shape=(3,)))\n",
      "create_model failed: ShapeError"),
     ("def create_model(model):\n    pass\n", "added no layers"),
@@ -315,7 +329,39 @@ def test_bad_user_model_files(tmp_path, content, message):
     path = tmp_path / "bad_model.py"
     if content is not None:
         path.write_text(content)
-    with pytest.raises(ConfigError, match=message) as info:
+    with pytest.raises(PyDTNNError, match=message) as info:
         build_model(str(path), new_model())
     text = str(info.value)
     assert "bad_model.py" in text and "\n" not in text
+
+
+BUGGY_LAYER = '''
+from pydtnn.layers import Input, Layer
+
+
+class Buggy(Layer):
+    def build(self, in_shape):
+        return self.in_shape.nonexistent        # AttributeError: a bug in the user's build
+
+
+def create_model(model):
+    model.add(Input(shape=(3,)))
+    model.add(Buggy())
+'''
+
+
+@pytest.mark.parametrize("content, error", [
+    (BUGGY_LAYER, AttributeError),
+    ("raise RuntimeError('boom')\ndef create_model(model): pass\n", RuntimeError),
+    ("def create_model(model):\n    raise ValueError('bad layer')\n", ValueError),
+])
+def test_bugs_in_user_model_files_keep_their_traceback(tmp_path, content, error):
+    """Only the project's own errors (PyDTNNError) become one line; a bug in the user's code (its build,
+    its create_model, its top level) propagates as it is, so the traceback points at the line."""
+    path = tmp_path / "buggy_model.py"
+    path.write_text(content)
+    with pytest.raises(error) as info:
+        build_model(str(path), new_model())
+    assert not isinstance(info.value, PyDTNNError)
+    frames = [str(f.path) for f in info.traceback]
+    assert str(path) in frames, frames

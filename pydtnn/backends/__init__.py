@@ -19,6 +19,10 @@ Kernel conventions
   backend may cache plans or buffers keyed by it.
 - A forward kernel returns `(y, ctx)`; `ctx` is opaque and handed back to the backward kernels
   (im2col columns, argmax indices, cuDNN descriptors...).
+- The sequence layers' kernels (`softmax`, `softmax_backward`, `erfc`, `scatter_add_rows`) have
+  device-independent defaults here, written with `xp`; a backend overrides them where it has a faster
+  kernel (the CPU's numba row softmax). A kernel taking 4-D images must also be listed in
+  `nchw_view.IMAGE_KERNELS`, which the gradient checker uses to run layers in NCHW on any backend.
 """
 from __future__ import annotations
 
@@ -128,6 +132,13 @@ class Backend:
         """(dw, db): dw shaped like w (K, C // groups, kh, kw); db (K,) or None."""
         raise NotImplementedError
 
+    def conv2d_context(self, x):
+        """The ctx `conv2d_forward(x, ...)` returns, without computing y: the transposed convolution
+        (ConvTranspose2D) runs `conv2d_backward_data` as its forward and needs the ctx of a convolution
+        whose input it has not computed yet (then `x` is an empty array of that shape). Every backend's
+        convolution ctx is `(x,)` today; a backend whose ctx holds more overrides this."""
+        return (x,)
+
     # --- pooling ------------------------------------------------------------------------------------
     def pool2d_forward(self, x, spec: PoolSpec):
         """Returns (y, ctx)."""
@@ -149,6 +160,47 @@ class Backend:
         """a + b in a new array (relu(a + b) with `relu`): the merge of an AdditionBlock's paths."""
         y = self.xp.add(a, b)
         return self.xp.maximum(y, 0, out=y) if relu else y
+
+    # --- element-wise and row kernels of the sequence layers (device-independent defaults) ------------
+    def erfc(self, x):
+        """The complementary error function, to double precision (GELU); see `_special`."""
+        from pydtnn.backends._special import erfc
+        return erfc(self.xp, x)
+
+    def softmax(self, s, causal=False):
+        """Softmax over the last axis of `s`, IN PLACE (s is a scratch array the caller owns), stable: the
+        row maximum is subtracted first. `causal`: entries j > i of the last two axes (T, T) count as
+        -inf (weight 0). Returns s. Attention calls it on (N, heads, T, T) scores."""
+        xp = self.xp
+        if causal:
+            t = s.shape[-1]
+            s += xp.where(xp.triu(xp.ones((t, t), dtype=bool), 1), -xp.inf, 0.0).astype(s.dtype)
+        s -= s.max(axis=-1, keepdims=True)
+        xp.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        return s
+
+    def softmax_backward(self, y, g):
+        """dL/ds of y = softmax(s) over the last axis from g = dL/dy, IN PLACE in g (a scratch array the
+        caller owns): y * (g - sum(g * y)). Returns g."""
+        g -= (g * y).sum(axis=-1, keepdims=True)
+        g *= y
+        return g
+
+    def scatter_add_rows(self, out, ids, rows):
+        """out[ids[i]] += rows[i] for every i, repeated ids adding up (Embedding's weight gradient).
+        NumPy's (and CuPy's) `add.at` where the array module has it; else a one-hot GEMM in chunks."""
+        xp = self.xp
+        at = getattr(getattr(xp, "add", None), "at", None)
+        if at is not None:
+            at(out, ids, rows)
+            return out
+        chunk = max(1, (1 << 22) // max(out.shape[0], 1))
+        classes = xp.arange(out.shape[0])
+        for start in range(0, len(ids), chunk):
+            one_hot = (ids[start:start + chunk, None] == classes[None, :]).astype(out.dtype)
+            out += one_hot.T @ rows[start:start + chunk]
+        return out
 
     # --- batch normalization (per channel; statistics over every other axis) -------------------------
     # True where the batchnorm_* kernels take relu=True (forward: the ReLU applied in the same pass) and

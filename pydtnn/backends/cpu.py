@@ -25,6 +25,8 @@ from pydtnn.backends import Backend, ConvSpec, PoolSpec, parse_dtype
 from pydtnn.backends import _cpu_blas as blas
 from pydtnn.backends import _cpu_conv as kc
 from pydtnn.backends import _cpu_kernels as kp
+from pydtnn.backends import _cpu_softmax as ksm
+from pydtnn.backends import _cpu_special as kspecial
 from pydtnn.backends import _cpu_planes as planes
 from pydtnn.backends import _cpu_winograd as wino
 from pydtnn.backends._cpu_pool import POOL
@@ -378,6 +380,29 @@ class CPUBackend(Backend):
             POOL.run(kp.maxpool_bwd, nt, dy.reshape(-1), idx.reshape(-1), dx.reshape(-1), n, h, w, c, ho, wo,
                      kh, kw, sh, sw, ph, pw)
         return dx
+
+    def erfc(self, x):
+        x = self._c(x)
+        out = np.empty_like(x)
+        POOL.run(kspecial.erfc, self._nt(x.size), x.reshape(-1), out.reshape(-1), x.size)
+        return out
+
+    # --- row softmax (attention, Softmax layers): fused numba kernels, in place -----------------------
+    def softmax(self, s, causal=False):
+        if s.dtype != self.dtype or not s.flags.c_contiguous:
+            return super().softmax(s, causal)
+        length = s.shape[-1]
+        rows = s.size // length
+        POOL.run(ksm.softmax_rows, self._nt(s.size), s.reshape(-1), rows, length, length if causal else 0)
+        return s
+
+    def softmax_backward(self, y, g):
+        if g.dtype != self.dtype or not (g.flags.c_contiguous and y.flags.c_contiguous) or y.shape != g.shape:
+            return super().softmax_backward(y, g)
+        length = g.shape[-1]
+        POOL.run(ksm.softmax_backward_rows, self._nt(g.size), y.reshape(-1), g.reshape(-1), g.size // length,
+                 length)
+        return g
 
     # --- ReLU -----------------------------------------------------------------------------------------
     def relu_forward(self, x):

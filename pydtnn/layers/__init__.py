@@ -8,8 +8,16 @@ from pydtnn.layers.dropout import Dropout
 from pydtnn.layers.flatten import Flatten
 from pydtnn.layers.batchnorm import BatchNormalization
 from pydtnn.layers.blocks import AdditionBlock, ConcatenationBlock
+from pydtnn.layers.layernorm import LayerNorm
+from pydtnn.layers.groupnorm import GroupNorm
+from pydtnn.layers.embedding import Embedding
+from pydtnn.layers.attention import MultiHeadAttention
+from pydtnn.layers.conv_transpose2d import ConvTranspose2D
+from pydtnn.layers.upsample2d import Upsample2D
+from pydtnn.layers.position_embedding import PositionEmbedding
+from pydtnn.layers.image_to_sequence import ImageToSequence
 
-_ACTIVATION_NAMES = ("Relu", "LeakyRelu", "Sigmoid", "Tanh", "Softmax")
+_ACTIVATION_NAMES = ("Relu", "LeakyRelu", "Sigmoid", "Tanh", "Softmax", "GELU", "SiLU")
 
 
 def __getattr__(name):
@@ -21,5 +29,6 @@ def __getattr__(name):
 
 
 __all__ = ["Layer", "Input", "FC", "Conv2D", "MaxPool2D", "AveragePool2D", "Dropout", "Flatten",
-           "BatchNormalization", "AdditionBlock", "ConcatenationBlock",
-           "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Softmax"]
+           "BatchNormalization", "AdditionBlock", "ConcatenationBlock", "LayerNorm", "GroupNorm", "Embedding",
+           "MultiHeadAttention", "ConvTranspose2D", "Upsample2D", "PositionEmbedding", "ImageToSequence",
+           "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Softmax", "GELU", "SiLU"]

@@ -37,6 +37,8 @@ class Layer:
     # False: forward/backward see 4-D arrays as NCHW on every backend (the model converts at the boundary).
     # True: they see the backend's internal layout (NHWC on the CPU); built-in layers declare it.
     internal_layout = False
+    # False for a layer whose input has no gradient (Embedding's integer ids): its backward returns None
+    differentiable_input = True
 
     def __init__(self, activation=None, name=None):
         self.activation = activation        # shortcut: the model adds this activation layer right after
@@ -149,7 +151,7 @@ class Layer:
 
     # --- what the model and blocks call: forward/backward on arrays in the backend's internal layout ---
     def _needs_boundary(self, a):
-        return a.ndim == 4 and not self.internal_layout and self.backend.layout != "NCHW"
+        return a is not None and a.ndim == 4 and not self.internal_layout and self.backend.layout != "NCHW"
 
     def forward_internal(self, x, training=False):
         if self._needs_boundary(x):
@@ -163,7 +165,12 @@ class Layer:
         if self._needs_boundary(dy):
             dy = self.backend.to_user(dy)
         dx = self.backward(dy)
-        if dx is not None and self._needs_boundary(dx):
+        if dx is None:
+            if self.input_grad_needed and self.differentiable_input:
+                raise TypeError(f"layer {self.name} ({self.type_name}): backward returned None, but the layer "
+                                f"before it needs dL/dx (None is allowed only when self.input_grad_needed is "
+                                f"False)")
+        elif self._needs_boundary(dx):
             dx = self.backend.to_internal(dx)
         return dx
 

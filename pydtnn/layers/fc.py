@@ -1,4 +1,8 @@
-"""FC: fully connected layer, y = x @ W + b with W of shape (in_features, out_features)."""
+"""FC: fully connected layer, y = x @ W + b with W of shape (in_features, out_features).
+
+On sequences (N, T, D) it applies to the last axis, position by position, as `torch.nn.Linear` does
+(one GEMM over the N * T rows).
+"""
 from pydtnn.layers.base import Layer, ParamAttr
 
 
@@ -15,14 +19,14 @@ class FC(Layer):
         self.weights_initializer, self.biases_initializer = weights_initializer, biases_initializer
 
     def build(self, in_shape):
-        if len(in_shape) != 1:
-            raise self.shape_error("FC needs flat (features,) input; add a Flatten layer before it")
+        if len(in_shape) not in (1, 2):
+            raise self.shape_error("FC needs (features,) or (T, features) input; add a Flatten layer before it")
         if self.out_features <= 0:
             raise self.shape_error(f"output size must be positive, got {self.out_features}")
-        return (self.out_features,)
+        return tuple(in_shape[:-1]) + (self.out_features,)
 
     def param_specs(self):
-        n_in, n_out = self.in_shape[0], self.out_features
+        n_in, n_out = self.in_shape[-1], self.out_features
         specs = {"weights": ((n_in, n_out), self.weights_initializer, n_in, n_out)}
         if self.use_bias:
             specs["biases"] = ((n_out,), self.biases_initializer, n_in, n_out)
@@ -36,7 +40,12 @@ class FC(Layer):
         return y
 
     def backward(self, dy):
-        self.xp.matmul(self.x.T, dy, out=self.dw)
+        x = self.x
+        if x.ndim > 2:                    # (N, T, D): every position is a row of one GEMM
+            x, dy_rows = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+        else:
+            dy_rows = dy
+        self.xp.matmul(x.T, dy_rows, out=self.dw)
         if self.use_bias:
-            dy.sum(axis=0, out=self.db)
+            dy_rows.sum(axis=0, out=self.db)
         return dy @ self.weights.T if self.input_grad_needed else None

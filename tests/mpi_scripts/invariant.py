@@ -8,7 +8,8 @@ difference of the parameters, and of the BatchNorm running statistics, as JSON:
 argv: weighting speeds B steps [key=value ...] with the options
   non_blocking=0|1   overlapped bucketed reduction (--non_blocking_mpi)
   clip=X             --clip_grad_norm X ("clipped": the number of clipped steps, parallel and serial)
-  model=plain|bn     bn: BatchNorm after convolutions, inside a residual block and after an FC
+  model=plain|bn|vit bn: BatchNorm after convolutions, inside a residual block and after an FC;
+                     vit: a tiny Vision Transformer (patch Conv2D, LayerNorm, attention, GELU MLP, residuals)
   sync=0|1           --sync_batchnorm
   devices=gpu,cpu    one backend per rank ("gpu" is the host stand-in under tests/gpu_standin)
 """
@@ -40,6 +41,18 @@ non_blocking, clip, sync = opts["non_blocking"] == "1", float(opts["clip"]), opt
 def make_model(backend="cpu"):
     m = Model(backend=backend, dtype="float64", seed=7)
     m.add(Input(shape=(2, 10, 10)))
+    if opts["model"] == "vit":
+        from pydtnn.layers import ImageToSequence, LayerNorm, PositionEmbedding
+        from pydtnn.models.transformers import transformer_block
+        m.add(Conv2D(nfilters=8, filter_shape=(5, 5), stride=5))       # 2 x 2 = 4 tokens of 8
+        m.add(ImageToSequence())
+        m.add(PositionEmbedding())
+        for layer in transformer_block(8, 2):
+            m.add(layer)
+        m.add(LayerNorm())
+        m.add(Flatten())
+        m.add(FC(shape=(3,), activation="softmax"))
+        return m
     if opts["model"] == "bn":
         m.add(Conv2D(nfilters=4, filter_shape=(3, 3), padding=1))
         m.add(BatchNormalization(momentum=0.8))

@@ -1,0 +1,100 @@
+"""MultiHeadAttention: self-attention on (N, T, D), as `torch.nn.MultiheadAttention(D, heads,
+dropout=p, batch_first=True)` called with query = key = value = x (and `attn_mask` the causal mask when
+`causal=True`: position i attends to positions j <= i).
+
+Parameters, named and shaped as PyTorch's so that weights port directly: `in_proj_weight` (3D, D) and
+`in_proj_bias` (3D,) (the q, k, v projections stacked), `out_proj_weight` (D, D), `out_proj_bias` (D,).
+
+Work: one GEMM for q, k, v over all N * T positions; the scores of every (sample, head) as one batched
+matmul (N, H, T, hd) x (N, H, hd, T); the softmax over the last axis in place (`backend.softmax`: stable,
+the causal mask in the same pass); the weighted values as another batched matmul; one GEMM for the output
+projection. Backward mirrors it with the same five products. Dropout (training only) drops attention
+weights, as PyTorch does, with a mask from the backend's generator.
+"""
+import math
+
+from pydtnn.errors import ConfigError
+from pydtnn.layers.base import Layer, ParamAttr
+
+
+class MultiHeadAttention(Layer):
+    internal_layout = True      # (N, T, D): no image axes
+    in_proj_weight, in_proj_bias = ParamAttr("in_proj_weight"), ParamAttr("in_proj_bias")
+    out_proj_weight, out_proj_bias = ParamAttr("out_proj_weight"), ParamAttr("out_proj_bias")
+    d_in_proj_weight, d_in_proj_bias = ParamAttr("in_proj_weight", grad=True), ParamAttr("in_proj_bias", grad=True)
+    d_out_proj_weight = ParamAttr("out_proj_weight", grad=True)
+    d_out_proj_bias = ParamAttr("out_proj_bias", grad=True)
+
+    def __init__(self, embed_dim, num_heads, causal=False, dropout=0.0, name=None):
+        super().__init__(name=name)
+        for what, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"MultiHeadAttention {what} must be a positive int, got {v!r}")
+        if embed_dim % num_heads:
+            raise ConfigError(f"MultiHeadAttention: num_heads {num_heads} must divide embed_dim {embed_dim}")
+        if not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"MultiHeadAttention dropout must be in [0, 1), got {dropout}")
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.causal, self.dropout = bool(causal), float(dropout)
+
+    def build(self, in_shape):
+        if len(in_shape) != 2 or in_shape[1] != self.embed_dim:
+            raise self.shape_error(f"MultiHeadAttention needs (T, {self.embed_dim}) input")
+        d = self.embed_dim
+        # PyTorch: xavier_uniform on the stacked projections, zero biases
+        self.add_weight("in_proj_weight", (3 * d, d), "glorot_uniform", fan_in=d, fan_out=3 * d)
+        self.add_weight("in_proj_bias", (3 * d,), "zeros")
+        self.add_weight("out_proj_weight", (d, d), "glorot_uniform", fan_in=d, fan_out=d)
+        self.add_weight("out_proj_bias", (d,), "zeros")
+        return in_shape
+
+    def _heads(self, a, n, t):
+        """(N * T, D) -> (N, H, T, hd)."""
+        return a.reshape(n, t, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+
+    def forward(self, x, training=False):
+        xp = self.xp
+        n, t, d = x.shape
+        self.x = x
+        qkv = x.reshape(n * t, d) @ self.in_proj_weight.T + self.in_proj_bias          # (N T, 3D)
+        q, k, v = (self._heads(qkv[:, i * d:(i + 1) * d], n, t) for i in range(3))
+        scale = x.dtype.type(1 / math.sqrt(self.head_dim))
+        scores = xp.matmul(q, k.transpose(0, 1, 3, 2))                                 # (N, H, T, T)
+        scores *= scale
+        attn = self.backend.softmax(scores, causal=self.causal)                       # in place
+        self.mask = None
+        if training and self.dropout:
+            keep = 1.0 - self.dropout
+            draws = self.backend.rng.random((n * self.num_heads, t, t), dtype=self.backend.dtype)   # per (sample, head)
+            self.mask = (draws < keep).astype(x.dtype).reshape(attn.shape)
+            self.mask *= x.dtype.type(1 / keep)
+        dropped = attn if self.mask is None else attn * self.mask
+        context = xp.matmul(dropped, v)                                               # (N, H, T, hd)
+        context = context.transpose(0, 2, 1, 3).reshape(n * t, d)
+        self.q, self.k, self.v, self.attn, self.dropped, self.context = q, k, v, attn, dropped, context
+        y = context @ self.out_proj_weight.T + self.out_proj_bias
+        return y.reshape(n, t, d)
+
+    def backward(self, dy):
+        xp = self.xp
+        n, t, d = dy.shape
+        dy2 = dy.reshape(n * t, d)
+        xp.matmul(dy2.T, self.context, out=self.d_out_proj_weight)
+        dy2.sum(axis=0, out=self.d_out_proj_bias)
+        dcontext = self._heads(dy2 @ self.out_proj_weight, n, t)                       # (N, H, T, hd)
+        dv = xp.matmul(self.dropped.transpose(0, 1, 3, 2), dcontext)
+        dattn = xp.matmul(dcontext, self.v.transpose(0, 1, 3, 2))                      # (N, H, T, T)
+        if self.mask is not None:
+            dattn *= self.mask
+        dscores = self.backend.softmax_backward(self.attn, dattn)                     # in place
+        dscores *= dy.dtype.type(1 / math.sqrt(self.head_dim))
+        dq = xp.matmul(dscores, self.k)
+        dk = xp.matmul(dscores.transpose(0, 1, 3, 2), self.q)
+        dqkv = xp.concatenate([g.transpose(0, 2, 1, 3).reshape(n * t, d) for g in (dq, dk, dv)], axis=1)
+        x2 = self.x.reshape(n * t, d)
+        xp.matmul(dqkv.T, x2, out=self.d_in_proj_weight)
+        dqkv.sum(axis=0, out=self.d_in_proj_bias)
+        if not self.input_grad_needed:
+            return None
+        return (dqkv @ self.in_proj_weight).reshape(n, t, d)

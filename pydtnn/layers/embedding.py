@@ -1,0 +1,45 @@
+"""Embedding: integer ids (N, T) -> their rows of a learnable table, (N, T, embedding_dim), as
+`torch.nn.Embedding` (weights (num_embeddings, embedding_dim), initialised standard normal).
+
+The model's input must be ids: `Input(shape=(T,), dtype="int64")`. Ids have no gradient; the table's is
+a scatter-add of the incoming gradient rows (`backend.scatter_add_rows`).
+"""
+from pydtnn.errors import ConfigError, DatasetError
+from pydtnn.layers.base import Layer, ParamAttr
+
+
+class Embedding(Layer):
+    internal_layout = True      # (N, T) -> (N, T, D): no image axes
+    differentiable_input = False
+    weights, dw = ParamAttr("weights"), ParamAttr("weights", grad=True)
+
+    def __init__(self, num_embeddings, embedding_dim, weights_initializer="standard_normal", name=None):
+        super().__init__(name=name)
+        for what, v in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"Embedding {what} must be a positive int, got {v!r}")
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.weights_initializer = weights_initializer
+
+    def build(self, in_shape):
+        if len(in_shape) != 1:
+            raise self.shape_error("Embedding needs integer ids (T,): Input(shape=(T,), dtype='int64')")
+        v, d = self.num_embeddings, self.embedding_dim
+        self.add_weight("weights", (v, d), self.weights_initializer, fan_in=d, fan_out=d)
+        return (in_shape[0], d)
+
+    def forward(self, x, training=False):
+        if x.dtype.kind not in "iu":
+            raise self.shape_error(f"expects integer token ids, got {x.dtype} (declare "
+                                   f"Input(shape=(T,), dtype='int64'))")
+        lo, hi = int(x.min()), int(x.max())
+        if lo < 0 or hi >= self.num_embeddings:
+            raise DatasetError(f"layer {self.name} (Embedding): token id {lo if lo < 0 else hi} is outside "
+                               f"[0, {self.num_embeddings})")
+        self.ids = x
+        return self.xp.take(self.weights, x, axis=0)
+
+    def backward(self, dy):
+        self.dw[...] = 0
+        self.backend.scatter_add_rows(self.dw, self.ids.reshape(-1), dy.reshape(-1, self.embedding_dim))
+        return None
