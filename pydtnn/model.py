@@ -240,6 +240,7 @@ class Model:
                     rows.append(("  " * (indent + 1) + f"path {p}" + (" (identity)" if not path else ""),
                                  "", "", "", ""))
                     walk(path, indent + 2)
+                walk(getattr(layer, "children", []), indent + 1)      # a Composite's sublayers
         walk(self.layers, 0)
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         line = "-" * (sum(widths) + 8)
