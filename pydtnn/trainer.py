@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from pydtnn.callbacks import call
 from pydtnn.checkpoint import load_checkpoint, save_checkpoint
 from pydtnn.clipping import check_max_norm, clip_by_global_norm
 from pydtnn.errors import CheckpointError, ConfigError, NumericalError, OutputError, PyDTNNError
@@ -68,8 +69,10 @@ class Trainer:
                  emulate_speed=1.0, emulate_spin=False, emulate_reference=(), non_blocking=False, steps_per_epoch=0, seed=0, schedulers=(),
                  history_file=None, progress=True, eval_batch_size=None, tracer_output=None, log=None,
                  flags=None, checkpoint_dir="checkpoints", save_steps=0, save_minutes=0.0, handle_signals=False,
-                 clip_grad_norm=0.0, sync_batchnorm=False, max_local_batch=None, clock=time.monotonic):
+                 clip_grad_norm=0.0, sync_batchnorm=False, max_local_batch=None, clock=time.monotonic,
+                 callbacks=()):
         self.model, self.dataset, self.optimizer = model, dataset, optimizer
+        self.callbacks = list(callbacks)   # a user's (pydtnn.callbacks); the schedulers are callbacks too
         self.clip_grad_norm = check_max_norm(clip_grad_norm)
         self.clipped_steps = 0         # steps whose reduced gradient was clipped (same count on every rank)
         self.loss = get_loss(loss)
@@ -260,29 +263,30 @@ class Trainer:
         self.finished = False
         if self.tracer_output:
             self.timeline.start(self.comm)
+        callbacks = self.schedulers + self.callbacks
+        # what writes files runs after the epoch's history row: a checkpoint after epoch N holds its row
+        writers = [c for c in callbacks if getattr(c, "saves_files", False)]
+        others = [c for c in callbacks if c not in writers]
         with self._signal_handlers(), contextlib.closing(self.prefetcher):
+            call(callbacks, "on_train_begin", self)
             for epoch in range(self.start_epoch, num_epochs):
                 first_step, self.start_step = self.start_step, 0
+                call(callbacks, "on_epoch_begin", self, epoch)
                 logs = self.train_epoch(epoch, num_epochs, first_step)
                 self.epochs_run += 1
-                # LR schedulers first, then the history row, then the schedulers that save files: a
-                # checkpoint written after epoch N holds epoch N's row and best value
-                for s in self.schedulers:
-                    if not s.saves_files:
-                        s.on_epoch_end(self, epoch, logs)
+                call(others, "on_epoch_end", self, epoch, logs)
                 logs["learning_rate_next"] = self.optimizer.learning_rate
                 self.history.append(logs)
                 try:
                     self._write_history()
                 except OutputError as e:       # nothing lost: the state after this epoch, then the error
                     raise OutputError(f"{e}; {self._rescue_checkpoint(epoch + 1, num_epochs)}") from None
-                for s in self.schedulers:
-                    if s.saves_files:
-                        s.on_epoch_end(self, epoch, logs)
+                call(writers, "on_epoch_end", self, epoch, logs)
                 if self.stop_training or epoch + 1 == num_epochs:
                     break
                 if self.stop_requested or self.save_requested or self._cadence_due(epoch, self.steps_per_epoch - 1):
                     self._step_checkpoint(epoch + 1, 0)
+            call(callbacks, "on_train_end", self)
         self.elapsed = time.perf_counter() - t_start
         self.finished = True
         if self.tracer_output:
@@ -358,10 +362,11 @@ class Trainer:
         t0 = time.perf_counter()
         bar = progress(total=self.steps_per_epoch, desc=f"epoch {epoch + 1}/{num_epochs}", unit="step",
                        enabled=self.progress, leave=True, initial=first_step)
+        callbacks = self.schedulers + self.callbacks
         for step in range(first_step, self.steps_per_epoch):
             global_step = epoch * self.steps_per_epoch + step
-            for s in self.schedulers:
-                s.on_batch_begin(self, global_step)
+            call(callbacks, "on_batch_begin", self, global_step)
+            rate = self.optimizer.learning_rate        # the rate this step trains with
             sizes = balance.step_sizes(step, self.global_batch, self.sizes, n, self.steps_per_epoch_arg)
             idx = balance.shard(order, step, self.global_batch, self.sizes, self.rank, n, self.steps_per_epoch_arg)
             nxt = (balance.shard(order, step + 1, self.global_batch, self.sizes, self.rank, n,
@@ -375,6 +380,9 @@ class Trainer:
             step_total = sum(sizes)
             sums += means * step_total
             samples += step_total
+            call(callbacks, "on_batch_end", self, global_step,
+                 {"loss": float(means[0]), **{m: float(v) for m, v in zip(self.metric_names, means[1:])},
+                  "learning_rate": rate, "batch_size": step_total})
             if self.balancer is not None and self.balancer.observe(times):
                 new = self.balancer.maybe_rebalance(global_step)
                 if new is not None:
