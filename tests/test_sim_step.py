@@ -7,6 +7,7 @@ from pydtnn.sim.profile import Network, Profile
 from pydtnn.sim.step_model import Collective, StepModel
 
 NET = Network(1e-5, 1e-9, 1e-10)
+STATS = allreduce_seconds("ring", 8 * (2 + 8), 2, *NET.as_tuple())     # the trainer's per-step stats reduction
 
 
 def _profile(bn=(0, 0)):
@@ -22,7 +23,7 @@ def test_blocking_step_is_slowest_compute_plus_allreduce_plus_update():
     t, compute, wait = m.step(np.array([1.0, 1.0]))
     full = allreduce_seconds("ring", 4 << 20, 2, *NET.as_tuple())
     assert compute == pytest.approx([10e-3, 20e-3], rel=1e-12)
-    assert t == pytest.approx(20e-3 + full + 5e-4, rel=1e-12)
+    assert t == pytest.approx(20e-3 + full + 5e-4 + STATS, rel=1e-12)
     assert wait == pytest.approx([10e-3 + full, full], rel=1e-12)
 
 
@@ -33,7 +34,7 @@ def test_overlapped_buckets_start_when_their_layer_is_done_everywhere():
     t, compute, _ = m.step(np.array([1.0, 1.0]))
     one = allreduce_seconds("ring", 1 << 20, 2, *NET.as_tuple())
     c = max(16e-3 + one, 20e-3) + 3 * one
-    assert t == pytest.approx(c + 5e-4, rel=1e-12)
+    assert t == pytest.approx(c + 5e-4 + STATS, rel=1e-12)
 
 
 def test_sync_batchnorm_barriers_take_each_segments_slowest():
@@ -47,7 +48,7 @@ def test_sync_batchnorm_barriers_take_each_segments_slowest():
     g = 12e-3 + small_f + 12e-3 + small_b
     assert compute == pytest.approx([g + 6e-3, g + 4e-3], rel=1e-12)
     full = allreduce_seconds("ring", 4 << 20, 2, *NET.as_tuple())
-    assert t == pytest.approx(g + 6e-3 + full + 5e-4, rel=1e-12)
+    assert t == pytest.approx(g + 6e-3 + full + 5e-4 + STATS, rel=1e-12)
 
 
 def test_emulated_speeds_pad_to_the_reference_deadline():
@@ -55,3 +56,14 @@ def test_emulated_speeds_pad_to_the_reference_deadline():
     m = StepModel([_profile()] * 2, [2, 2], Collective("ring", 2, NET), emulate=[1.0, 2.0])
     _, compute, _ = m.step(np.ones(2))
     assert compute == pytest.approx([20e-3, 40e-3], rel=1e-12)
+
+
+def test_launcher_overhead_delays_each_replica_before_the_reduction():
+    prof = _profile()
+    prof.step_overhead_s = (1e-3, 4e-3)                  # o0 + o1 * b: 5 ms at b=1, 9 ms at b=2
+    m = StepModel([prof] * 2, [1, 2], Collective("ring", 2, NET))
+    t, compute, wait = m.step(np.array([2.5, 1.0]))      # compute 25 ms and 20 ms
+    full = allreduce_seconds("ring", 4 << 20, 2, *NET.as_tuple())
+    assert compute == pytest.approx([25e-3, 20e-3], rel=1e-12)
+    assert t == pytest.approx(max(25e-3 + 5e-3, 20e-3 + 9e-3) + full + 5e-4 + STATS, rel=1e-12)
+    assert wait == pytest.approx([full, 1e-3 + full], rel=1e-9)

@@ -31,6 +31,8 @@ def build_parser():
     c.add_argument("--seconds", type=nonneg_float, default=60.0, help="time budget (2/3 layers, 1/3 network)")
     c.add_argument("--mpi_processes", type=positive_int, default=2, help="processes of the network sweeps")
     c.add_argument("--network", type=boolean, default=True, help="measure the MPI (false: alpha=beta=gamma=0)")
+    c.add_argument("--overhead", type=boolean, default=True,
+                   help="time the launcher's per-step work outside compute (two short one-rank runs)")
     c.add_argument("--trace", default=None, help="build the profile from a launcher Chrome trace instead")
     c.add_argument("--trace_sizes", type=positive_int_list, default=None, help="the trace's split b_0,b_1,...")
     c.add_argument("--trace_rank", type=int, default=0)
@@ -94,7 +96,8 @@ def _calibrate(a):
     else:
         prof = calibrate.calibrate(a.model_name, a.batch_points, layer_seconds=a.seconds * 2 / 3,
                                    network_seconds=a.seconds / 3, nprocs=a.mpi_processes, measure_net=a.network,
-                                   dtype=a.dtype, log=lambda m: print(m, file=sys.stderr, flush=True))
+                                   dtype=a.dtype, overhead=a.overhead,
+                                   log=lambda m: print(m, file=sys.stderr, flush=True))
     prof.save(a.out)
     print(f"profile of {a.model_name} ({prof.source}) written to {a.out}: {prof.compute_seconds([prof.batch_points[-1]])[0] * 1e3:.3f} "
           f"ms per step at b={prof.batch_points[-1]}, alpha={prof.network.alpha:.3g} s, beta={prof.network.beta:.3g} "

@@ -13,6 +13,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -104,8 +105,46 @@ def measure_network(nprocs=2, seconds=20.0, timeout=120.0) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def measure_step_overhead(model_name, batches=(8, 64), steps=20, dataset=None, timeout=300.0):
+    """The launcher's own per-step cost outside forward, backward and the reduction (taking the batch,
+    targets, metrics, the per-step stats, the optimizer): one-rank launcher runs with --tracing, the
+    median step period (from one "compute" start to the next) minus the median "compute" event, at two
+    local batches. Returns (o0, o1): overhead = o0 + o1 * b seconds per step."""
+    from pydtnn.parallel import mpirun
+    launcher = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            "scripts", "pydtnn_benchmark.py")
+    if not os.path.isfile(launcher):
+        raise ConfigError(f"no launcher at {launcher} (run calibrate from a source checkout, or --overhead false)")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    points = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for b in batches:
+            trace = os.path.join(tmp, f"trace{b}.json")
+            cmd = mpirun.mpi_command(1, launcher, [])
+            cmd += ["--model", model_name, "--dataset", "synthetic", "--synthetic_samples", str(b * steps),
+                    "--parallel", "data", "--global_batch_size", str(b), "--steps_per_epoch", str(steps),
+                    "--num_epochs", "1", "--threads_per_replica", "1", "--lr_schedulers", "", "--progress_bar",
+                    "false", "--tracing", "true", "--tracer_output", trace, "--seed", "0"]
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+            except subprocess.TimeoutExpired:
+                raise ConfigError(f"the launcher run of the overhead probe took over {timeout:.0f} s") from None
+            if out.returncode != 0:
+                tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
+                raise ConfigError(f"the launcher run of the overhead probe failed: {tail[0]}")
+            with open(trace) as f:
+                events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and e.get("name") == "compute"]
+            starts = np.array(sorted(e["ts"] for e in events)) * 1e-6
+            durs = np.array([e["dur"] for e in sorted(events, key=lambda e: e["ts"])]) * 1e-6
+            period = np.median(np.diff(starts[1:]))               # the first step pays for warm-up
+            points.append((b, max(0.0, float(period - np.median(durs[1:])))))
+    (b0, t0), (b1, t1) = points
+    slope = max(0.0, (t1 - t0) / (b1 - b0))
+    return max(0.0, t0 - slope * b0), slope
+
+
 def calibrate(model_name, batch_points=DEFAULT_BATCH_POINTS, layer_seconds=30.0, network_seconds=20.0,
-              nprocs=2, measure_net=True, dtype="float32", log=print) -> Profile:
+              nprocs=2, measure_net=True, dtype="float32", log=print, overhead=True) -> Profile:
     model = model_table.build(model_name, dtype=dtype)
     info = model_table.describe(model)
     log(f"calibrate: {model_name}, {len(info)} layers, batch points {list(batch_points)} (~{layer_seconds:.0f} s)")
@@ -118,10 +157,16 @@ def calibrate(model_name, batch_points=DEFAULT_BATCH_POINTS, layer_seconds=30.0,
         extra["network_sweep"] = sweep
     else:
         net = Network(0.0, 0.0, 0.0)
+    if overhead:
+        log("calibrate: the launcher's per-step overhead (two one-rank launcher runs with --tracing)")
+        o0, o1 = measure_step_overhead(model_name)
+        step_overhead = (max(0.0, o0 - update), o1)        # the launcher's step period holds the update too
+    else:
+        step_overhead = (0.0, 0.0)
     return Profile(model=model_name, batch_points=list(batch_points), layer_names=[r.name for r in info],
                    layer_types=[r.type for r in info], param_bytes=np.array([r.param_bytes for r in info]),
                    bn_channels=np.array([r.bn_channels for r in info]), forward_s=fwd, backward_s=bwd,
-                   network=net, update_s=update, dtype_bytes=model.dtype.itemsize, source="measured",
+                   network=net, update_s=update, step_overhead_s=step_overhead, dtype_bytes=model.dtype.itemsize, source="measured",
                    device=f"{platform.machine()} cpu, {os.cpu_count()} cores, {platform.node()}", extra=extra)
 
 

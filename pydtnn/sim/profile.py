@@ -5,6 +5,7 @@
      "layers": [{"name": "conv2d_1", "type": "Conv2D", "param_bytes": 160, "batchnorm_channels": 0,
                  "forward_s": [...], "backward_s": [...]}, ...],      # one time per batch point
      "update_s": 0.0004,                                              # optimizer step, once per step
+     "step_overhead_s": [o0, o1],                                     # launcher's other work: o0 + o1 * b
      "network": {"alpha": 2e-6, "beta": 1e-10, "gamma": 2e-10},       # s, s/byte, s/byte
      "network_inter": {...}}                                          # optional: between nodes
 
@@ -60,6 +61,7 @@ class Profile:
     backward_s: np.ndarray             # (L, K)
     network: Network
     update_s: float = 0.0
+    step_overhead_s: tuple = (0.0, 0.0)
     network_inter: Network | None = None
     dtype_bytes: int = 4
     source: str = "hand"
@@ -91,7 +93,7 @@ class Profile:
                          "forward_s": [float(x) for x in f], "backward_s": [float(x) for x in bk]}
                         for n, t, pb, c, f, bk in zip(self.layer_names, self.layer_types, self.param_bytes,
                                                       self.bn_channels, self.forward_s, self.backward_s)],
-             "update_s": float(self.update_s),
+             "update_s": float(self.update_s), "step_overhead_s": [float(x) for x in self.step_overhead_s],
              "network": vars(self.network).copy()}
         if self.network_inter is not None:
             d["network_inter"] = vars(self.network_inter).copy()
@@ -128,12 +130,20 @@ class Profile:
         if not (np.all(np.isfinite(fwd)) and np.all(np.isfinite(bwd))) or fwd.min() < 0 or bwd.min() < 0:
             raise ConfigError(f"{where}: layer times must be finite and >= 0")
         inter = d.get("network_inter")
+        overhead = d.get("step_overhead_s", [0.0, 0.0])
+        try:
+            overhead = tuple(float(x) for x in overhead)
+        except (TypeError, ValueError):
+            overhead = ()
+        if len(overhead) != 2 or min(overhead) < 0:
+            raise ConfigError(f"{where}: step_overhead_s must be two numbers >= 0 (o0, o1: o0 + o1 * b seconds)")
         known = {"format", "model", "source", "device", "dtype_bytes", "batch_points", "layers", "update_s",
+                 "step_overhead_s",
                  "network", "network_inter"}
         return cls(model=str(d.get("model", "")), batch_points=points, layer_names=names, layer_types=types,
                    param_bytes=pbytes, bn_channels=bn, forward_s=fwd, backward_s=bwd,
                    network=Network.from_dict(d.get("network"), f"{where}: network"),
-                   update_s=float(d.get("update_s", 0.0)),
+                   update_s=float(d.get("update_s", 0.0)), step_overhead_s=overhead,
                    network_inter=None if inter is None else Network.from_dict(inter, f"{where}: network_inter"),
                    dtype_bytes=int(d.get("dtype_bytes", 4)), source=str(d.get("source", "hand")),
                    device=str(d.get("device", "")), extra={k: v for k, v in d.items() if k not in known})

@@ -15,8 +15,12 @@ variability factor of that replica (noise, stragglers, its speed factor).
   always, then waits until b_i * t_ref / (f / max f), t_ref the per-sample compute time of the full-speed
   replicas (the emulator's deadline).
 
-What each replica measures, as the trainer's `StepTimer` does: compute_s = from the step's start to the
-end of its backward (sync-BN waits included), wait_s = from there to the reduced gradient.
+The launcher's other per-step work (taking the batch, targets, metrics: the profile's step_overhead_s,
+o0 + o1 * b_i) delays each replica's arrival at the reduction; the trainer's per-step stats allreduce
+(P + 8 float64) follows the update.
+
+What each replica measures, as the trainer's `StepTimer` does: compute_s = from the start of its forward to
+the end of its backward (sync-BN waits included), wait_s = from there to the reduced gradient.
 """
 from __future__ import annotations
 
@@ -56,6 +60,12 @@ class StepModel:
             rows = np.array([i for i, p in enumerate(profiles) if p is prof])
             fwd[rows], bwd[rows] = prof.layer_seconds(self.sizes[rows])
         self.update_s = first.update_s if update_s is None else update_s
+        # the launcher's per-step work besides compute and reduction (batch, targets, metrics), per replica
+        self.pre = np.zeros(P)
+        for prof in {id(p): p for p in profiles}.values():
+            rows = np.array([i for i, p in enumerate(profiles) if p is prof])
+            o0, o1 = prof.step_overhead_s
+            self.pre[rows] = o0 + o1 * self.sizes[rows]
         # execution units: forward 0..L-1, then backward L-1..0; cumulative seconds at the end of each
         units = np.concatenate([fwd, bwd[:, ::-1]], axis=1)                    # (P, 2L)
         cum = np.cumsum(units, axis=1)
@@ -92,6 +102,8 @@ class StepModel:
         self.sync_s = {k: collective(p[2]) for k, p in enumerate(points) if p[1] == "sync"}
         self.bucket_s = collective(np.asarray(buckets, dtype=np.float64)) if buckets else np.zeros(0)
         self.full_s = float(collective(float(first.param_bytes.sum()))) if P > 1 else 0.0
+        # the trainer's per-step stats reduction: loss, metrics, P compute times, 3 flags (float64)
+        self.stats_s = float(collective(8.0 * (P + 8))) if P > 1 else 0.0
         self.non_blocking = bool(buckets)
         self.compute_alone = cum[:, -1].copy()                                 # no noise, no barriers
         self.emulate = None
@@ -118,7 +130,8 @@ class StepModel:
                 end = g + scaled[:, k]
         if self.emulate is not None:
             end = np.maximum(end, self.emulate * f)
-        last = float(end.max())
+        busy = end + self.pre
+        last = float(busy.max())
         if self.non_blocking:
             c = 0.0
             for r, t in zip(ready, self.bucket_s):
@@ -126,4 +139,4 @@ class StepModel:
             reduced = max(c, last)
         else:
             reduced = last + self.full_s
-        return reduced + self.update_s, end, reduced - end
+        return reduced + self.update_s + self.stats_s, end, reduced - busy
