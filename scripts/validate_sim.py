@@ -152,8 +152,56 @@ def best_predicted_split(model, profile, args):
     return sizes
 
 
+def papers(args):
+    """The seed papers' claims at 8 .. 1,024 simulated replicas (roofline profile: no measurement).
+
+    ResNet-20 on CIFAR-10 shapes, local batch 32 per replica on average (B = 32 P), devices of 1 TFLOP/s
+    and 20 GB/s, a 10 Gb/s network with 5 us latency, ring allreduce, 200 steps, noise sigma 0.05.
+    (a) heterogeneous: a quarter of the replicas at half speed (--speed_factors): equal vs proportional
+        (static, --replica_speeds = the true speeds) vs the homogeneous cluster;
+    (b) transient stragglers: P/8 replicas 3x slower for 20 steps at a time, fresh ones each window:
+        static (proportional to the nominal, equal speeds) vs dynamic (re-split every 5 steps)."""
+    from pydtnn.sim.engine import Scenario, simulate
+    from pydtnn.sim.roofline import roofline_profile
+    from pydtnn.sim.variability import Stragglers
+    prof = roofline_profile("resnet20_cifar10", cpu_speed=1e12, memory_bw=20e9, network_bw=10e9, network_lat=5e-6)
+    rows = ["| P | homogeneous ms | equal ms | proportional ms | loss recovered | stragglers: static ms | "
+            "dynamic ms | dynamic / static |", "|---|---|---|---|---|---|---|---|"]
+    for P in (8, 32, 128, 512, 1024):
+        f = [0.5 if i % 4 == 0 else 1.0 for i in range(P)]
+        common = dict(global_batch=32 * P, algorithm="ring", noise=0.05, steps=200, seed=1)
+        homo = simulate(Scenario([prof] * P, **common)).step_seconds
+        eq = simulate(Scenario([prof] * P, speed_factors=f, **common)).step_seconds
+        prop = simulate(Scenario([prof] * P, speed_factors=f, policy="static", replica_speeds=f, **common)).step_seconds
+        strag = Stragglers(P // 8, 3.0, 20)
+        st = simulate(Scenario([prof] * P, stragglers=strag, **common)).step_seconds
+        dy = simulate(Scenario([prof] * P, stragglers=strag, policy="dynamic", rebalance_interval=5,
+                               **common)).step_seconds
+        rows.append(f"| {P} | {homo * 1e3:.2f} | {eq * 1e3:.2f} | {prop * 1e3:.2f} | "
+                    f"{100 * (eq - prop) / (eq - homo):.0f}% | {st * 1e3:.2f} | {dy * 1e3:.2f} | {dy / st:.2f} |")
+    print("\n".join(rows))
+
+
+def scale(args):
+    """CPU seconds (one process, time.process_time) of 1,000 steps with noise 0.05 and 8 stragglers."""
+    from pydtnn.sim.engine import Scenario, simulate
+    from pydtnn.sim.roofline import roofline_profile
+    from pydtnn.sim.variability import Stragglers
+    prof = roofline_profile("resnet20_cifar10")
+    print(f"load before: {load()}")
+    for P in (1024, 16384):
+        for policy, nb in (("equal", False), ("equal", True), ("dynamic", False)):
+            t0 = time.process_time()
+            simulate(Scenario([prof] * P, 4 * P, policy=policy, non_blocking=nb, noise=0.05,
+                              stragglers=Stragglers(8, 2.0), steps=1000))
+            print(f"P={P} policy={policy} overlap={nb}: {time.process_time() - t0:.2f} CPU s (load {load()})",
+                  flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--papers", action="store_true", help="only print the seed papers' claims at scale (simulated)")
+    ap.add_argument("--scale", action="store_true", help="only time the simulator at 1,024 and 16,384 replicas")
     ap.add_argument("--quick", action="store_true", help="fewer cases, one round (a smoke run on a busy machine)")
     ap.add_argument("--rounds", type=int, default=None, help="rounds of alternating measurements (default 3, quick 1)")
     ap.add_argument("--steps", type=int, default=None, help="steps per epoch (default 30, quick 15)")
@@ -163,6 +211,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--out", default="validation.md")
     args = ap.parse_args()
+    if args.papers or args.scale:
+        return papers(args) if args.papers else scale(args)
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.steps = args.steps or (15 if args.quick else 30)
     args.calibrate_seconds = args.calibrate_seconds or (20.0 if args.quick else 60.0)

@@ -28,7 +28,7 @@ def build_parser():
     c.add_argument("--dtype", default="float32")
     c.add_argument("--batch_points", type=positive_int_list, default=[1, 8, 32, 128],
                    help="local batch sizes at which each layer is timed")
-    c.add_argument("--seconds", type=nonneg_float, default=60.0, help="time budget (2/3 layers, 1/3 network)")
+    c.add_argument("--seconds", type=nonneg_float, default=60.0, help="time budget: 55%% layers, 20%% network sweeps, the rest the launcher overhead runs")
     c.add_argument("--mpi_processes", type=positive_int, default=2, help="processes of the network sweeps")
     c.add_argument("--network", type=boolean, default=True, help="measure the MPI (false: alpha=beta=gamma=0)")
     c.add_argument("--overhead", type=boolean, default=True,
@@ -94,8 +94,8 @@ def _calibrate(a):
     elif a.roofline:
         prof = roofline.roofline_profile(a.model_name, dtype=a.dtype, **_roofline_kw(a))
     else:
-        prof = calibrate.calibrate(a.model_name, a.batch_points, layer_seconds=a.seconds * 2 / 3,
-                                   network_seconds=a.seconds / 3, nprocs=a.mpi_processes, measure_net=a.network,
+        prof = calibrate.calibrate(a.model_name, a.batch_points, layer_seconds=a.seconds * 0.55,
+                                   network_seconds=a.seconds * 0.2, nprocs=a.mpi_processes, measure_net=a.network,
                                    dtype=a.dtype, overhead=a.overhead,
                                    log=lambda m: print(m, file=sys.stderr, flush=True))
     prof.save(a.out)
