@@ -54,6 +54,18 @@ def nonneg_float(value):
     return v
 
 
+def dataset_name(value):
+    from pydtnn.datasets import DATASETS
+    if value.endswith(".py"):
+        if not os.path.isfile(value):
+            raise argparse.ArgumentTypeError(f"dataset file {value} does not exist")
+        return value
+    if value not in DATASETS:
+        raise argparse.ArgumentTypeError(f"choose one of {', '.join(DATASETS)}, or a .py file defining "
+                                         f"create_dataset(seed); got {value!r}")
+    return value
+
+
 def finite_float(value):
     v = float(value)
     if not math.isfinite(v):
@@ -131,11 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(created by the first checkpoint)")
 
     g = p.add_argument_group("dataset")
-    g.add_argument("--dataset", dest="dataset_name", default="synthetic",
-                   choices=["synthetic", "mnist", "cifar10", "imagenet", "bytes"],
+    g.add_argument("--dataset", dest="dataset_name", default="synthetic", type=dataset_name,
                    help="synthetic (learnable, offline; upstream's default was mnist), mnist, cifar10, imagenet, "
                         "bytes (a text file, --dataset_train_path, default a shipped public-domain text, as "
-                        "--sequence_length byte ids with next-byte targets: a language model's)")
+                        "--sequence_length byte ids with next-byte targets: a language model's), or FILE.py "
+                        "defining create_dataset(seed) (docs/datasets.md)")
     g.add_argument("--targets", default="labels", choices=["labels", "inputs"],
                    help="labels: the class labels; inputs: each image is its own target (an autoencoder's, "
                         "with --loss_func mean_squared_error)")

@@ -78,6 +78,13 @@ def check_combinations(p) -> None:
     if p.resume and p.weights_and_bias_filename:
         raise ConfigError("--resume restores a full checkpoint, its weights included, and "
                           "--weights_and_bias_filename would replace them: give one of the two")
+    if p.dataset_name.endswith(".py"):
+        if p.use_synthetic_data or p.download:
+            flag = "--use_synthetic_data" if p.use_synthetic_data else "--download"
+            raise ConfigError(f"--dataset {p.dataset_name} is a dataset file: {flag} does not apply to it")
+        if p.targets != "labels" or p.flip_images or p.crop_images:
+            raise ConfigError(f"--dataset {p.dataset_name} is a dataset file: its arrays are used as they are "
+                              f"(--targets, --flip_images and --crop_images are the file's to make)")
 
 
 # ------------------------------------------------------------------------------------------ learning rate

@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from pydtnn.callbacks import call
 from pydtnn.checkpoint import load_checkpoint, save_checkpoint
 from pydtnn.clipping import check_max_norm, clip_by_global_norm
 from pydtnn.errors import CheckpointError, ConfigError, NumericalError, OutputError, PyDTNNError
@@ -74,6 +75,7 @@ class Trainer:
                  clip_grad_norm=0.0, sync_batchnorm=False, max_local_batch=None, clock=time.monotonic,
                  trace_steps=None, profile_layers=False, callbacks=()):
         self.model, self.dataset, self.optimizer = model, dataset, optimizer
+        self.callbacks = list(callbacks)   # a user's (pydtnn.callbacks); the schedulers are callbacks too
         self.clip_grad_norm = check_max_norm(clip_grad_norm)
         self.clipped_steps = 0         # steps whose reduced gradient was clipped (same count on every rank)
         self.loss = get_loss(loss)
@@ -142,7 +144,6 @@ class Trainer:
         self._layer_timer = (LayerTimer(model.backend, self.timeline if tracer_output else None, self.layer_profile,
                                         waited=lambda: self.timer.step_wait_s)
                              if tracer_output or profile_layers else None)
-        self.callbacks = list(callbacks)      # on_train_begin/end(trainer), on_batch_end(trainer, step, logs), ...
         self.step_waits = np.zeros(self.nreplicas)
         self._steps_run = 0                   # steps run by this fit (the first is no layer profile's)
         # --sync_batchnorm: BatchNorm layers use the global batch's statistics (one process: nothing to sync)
@@ -288,27 +289,18 @@ class Trainer:
         self.save_requested = bool(stats[-1] > 0)
         return stats[:len(local)], times
 
-    def _end_step(self, global_step, means, sizes, times, seconds):
-        """The step's scalars for the callbacks (identical on every rank) and the layer profile's step time."""
+    def _step_timing(self, sizes, times, seconds):
+        """The layer profile's step time; for the callbacks' logs (identical on every rank), the step's
+        throughput (over this rank's wall time of it) and each replica's b_i, compute and wait seconds."""
         if self.layer_profile is not None and self._steps_run > 0:
             self.layer_profile.add_step(seconds)
         self._steps_run += 1
-        if not self.callbacks:
-            return
-        logs = {"loss": float(means[0]), **{m: float(v) for m, v in zip(self.metric_names, means[1:])},
-                "learning_rate": float(self.optimizer.learning_rate), "samples_per_s": sum(sizes) / seconds}
+        out = {"samples_per_s": sum(sizes) / seconds}
         for r, b in enumerate(sizes):
-            logs[f"rank{r}_b"] = int(b)
-            logs[f"rank{r}_compute_s"] = float(times[r] * b)
-            logs[f"rank{r}_wait_s"] = float(self.step_waits[r])
-        for cb in self.callbacks:
-            if hasattr(cb, "on_batch_end"):
-                cb.on_batch_end(self, global_step, logs)
-
-    def _callbacks(self, hook, *args):
-        for cb in self.callbacks:
-            if hasattr(cb, hook):
-                getattr(cb, hook)(self, *args)
+            out[f"rank{r}_b"] = int(b)
+            out[f"rank{r}_compute_s"] = float(times[r] * b)
+            out[f"rank{r}_wait_s"] = float(self.step_waits[r])
+        return out
 
     def _checkpoint_due_by_time(self):
         return self.save_minutes > 0 and self.clock() - self._last_save_t >= 60.0 * self.save_minutes
@@ -321,34 +313,32 @@ class Trainer:
         self.finished = False
         if self.tracer_output:
             self.timeline.start(self.comm)
-        self._callbacks("on_train_begin")
+        callbacks = self.schedulers + self.callbacks
+        # what writes files runs after the epoch's history row: a checkpoint after epoch N holds its row
+        writers = [c for c in callbacks if getattr(c, "saves_files", False)]
+        others = [c for c in callbacks if c not in writers]
         with self._signal_handlers(), contextlib.closing(self.prefetcher):
+            call(callbacks, "on_train_begin", self)
             for epoch in range(self.start_epoch, num_epochs):
                 first_step, self.start_step = self.start_step, 0
+                call(callbacks, "on_epoch_begin", self, epoch)
                 logs = self.train_epoch(epoch, num_epochs, first_step)
                 self.epochs_run += 1
-                # LR schedulers first, then the history row, then the schedulers that save files: a
-                # checkpoint written after epoch N holds epoch N's row and best value
-                for s in self.schedulers:
-                    if not s.saves_files:
-                        s.on_epoch_end(self, epoch, logs)
+                call(others, "on_epoch_end", self, epoch, logs)
                 logs["learning_rate_next"] = self.optimizer.learning_rate
                 self.history.append(logs)
                 try:
                     self._write_history()
                 except OutputError as e:       # nothing lost: the state after this epoch, then the error
                     raise OutputError(f"{e}; {self._rescue_checkpoint(epoch + 1, num_epochs)}") from None
-                for s in self.schedulers:
-                    if s.saves_files:
-                        s.on_epoch_end(self, epoch, logs)
-                self._callbacks("on_epoch_end", epoch, logs)
+                call(writers, "on_epoch_end", self, epoch, logs)
                 if self.stop_training or epoch + 1 == num_epochs:
                     break
                 if self.stop_requested or self.save_requested or self._cadence_due(epoch, self.steps_per_epoch - 1):
                     self._step_checkpoint(epoch + 1, 0)
+            call(callbacks, "on_train_end", self)
         self.elapsed = time.perf_counter() - t_start
         self.finished = True
-        self._callbacks("on_train_end")
         if self.tracer_output:
             # a collective (it gathers every rank's timeline); rank 0 writes
             raise_together(self.comm, lambda: write_chrome_trace(self.tracer_output, self.timeline,
@@ -422,10 +412,11 @@ class Trainer:
         t0 = time.perf_counter()
         bar = progress(total=self.steps_per_epoch, desc=f"epoch {epoch + 1}/{num_epochs}", unit="step",
                        enabled=self.progress, leave=True, initial=first_step)
+        callbacks = self.schedulers + self.callbacks
         for step in range(first_step, self.steps_per_epoch):
             global_step = epoch * self.steps_per_epoch + step
-            for s in self.schedulers:
-                s.on_batch_begin(self, global_step)
+            call(callbacks, "on_batch_begin", self, global_step)
+            rate = self.optimizer.learning_rate        # the rate this step trains with
             sizes = balance.step_sizes(step, self.global_batch, self.sizes, n, self.steps_per_epoch_arg)
             idx = balance.shard(order, step, self.global_batch, self.sizes, self.rank, n, self.steps_per_epoch_arg)
             nxt = (balance.shard(order, step + 1, self.global_batch, self.sizes, self.rank, n,
@@ -435,7 +426,7 @@ class Trainer:
             means, times = self.train_step(idx, epoch, sizes, nxt)
             t_step = time.perf_counter() - t_step
             self.model.layer_timer = None
-            self._end_step(global_step, means, sizes, times, t_step)
+            timing = self._step_timing(sizes, times, t_step)
             if not math.isfinite(means[0]):
                 if bar is not None:
                     bar.close()
@@ -444,6 +435,9 @@ class Trainer:
             step_total = sum(sizes)
             sums += means * step_total
             samples += step_total
+            call(callbacks, "on_batch_end", self, global_step,
+                 {"loss": float(means[0]), **{m: float(v) for m, v in zip(self.metric_names, means[1:])},
+                  "learning_rate": rate, "batch_size": step_total, **timing})
             if self.balancer is not None and self.balancer.observe(times):
                 new = self.balancer.maybe_rebalance(global_step)
                 if new is not None:

@@ -1,6 +1,6 @@
 """Per-step scalars and per-epoch metrics, to plot: a CSV (--step_history_file), TensorBoard event files
 (--tensorboard_dir, written with tensorboardX: no TensorFlow needed; `tensorboard --logdir DIR` shows
-them) and the per-replica plot (--plots_dir). A callback of the trainer; only rank 0 writes.
+them) and the per-replica plot (--plots_dir). A `pydtnn.callbacks.Callback`; only rank 0 writes.
 
 Per step (global step s, 1-based): loss and metrics of the global batch, learning_rate, samples_per_s
 (the global batch over the step's wall time), and for each replica r: rank{r}_b, rank{r}_compute_s and
@@ -15,6 +15,7 @@ import io
 import os
 import re
 
+from pydtnn.callbacks import Callback
 from pydtnn.outputs import atomic_write
 
 __all__ = ["StepMetrics", "PLOT_NAME"]
@@ -23,7 +24,7 @@ PLOT_NAME = "replicas.png"
 _REPLICA = re.compile(r"rank(\d+)_(b|compute_s|wait_s)$")
 
 
-class StepMetrics:
+class StepMetrics(Callback):
     def __init__(self, rank: int, tensorboard_dir=None, csv_path=None, plots_dir=None):
         self.writes = rank == 0 and bool(tensorboard_dir or csv_path or plots_dir)
         self.tensorboard_dir, self.csv_path, self.plots_dir = tensorboard_dir, csv_path, plots_dir
