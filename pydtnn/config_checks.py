@@ -37,7 +37,8 @@ EXECUTION_FLAGS = frozenset({
 # Flags that may differ between ranks: a rank's own threads; files each rank reads from its own node
 # (only whether they are given must agree); what only rank 0 writes or shows.
 PER_RANK_FLAGS = frozenset({"threads_per_replica", "history_file", "save_weights_and_bias_filename",
-                            "tracer_output", "checkpoint_dir", "progress_bar", "profile"})
+                            "tracer_output", "checkpoint_dir", "progress_bar", "profile", "tensorboard_dir",
+                            "step_history_file", "plots_dir"})
 PRESENCE_FLAGS = frozenset({"dataset_train_path", "dataset_test_path", "weights_and_bias_filename", "resume"})
 
 

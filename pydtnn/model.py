@@ -39,6 +39,8 @@ def expand_activations(layers):
 
 
 class Model:
+    layer_timer = None          # a pydtnn.profiling.layer_timer.LayerTimer while tracing or profiling layers
+
     def __init__(self, backend="cpu", dtype="float32", seed=0):
         self.backend = backend if isinstance(backend, Backend) else get_backend(backend, dtype, seed)
         self.dtype = self.backend.dtype
@@ -131,8 +133,12 @@ class Model:
             self._pack()
         if not self.layers:
             raise ShapeError("the model has no layers")
+        timer = self.layer_timer
         for layer in self.layers[:upto]:
-            x = layer.forward_internal(x, training)     # NCHW conversion only around a user layer
+            if timer is None:
+                x = layer.forward_internal(x, training)     # NCHW conversion only around a user layer
+            else:
+                x = timer.run(layer, "forward", layer.forward_internal, x, training)
         return self.backend.to_user(x) if x.ndim == 4 else x
 
     def backward(self, dy, on_grads_ready=None, start=None, need_dx=True):
@@ -147,8 +153,11 @@ class Model:
         stop = len(self.layers) if start is None else start
         if len(self.layers) > 1:
             self.layers[1].input_grad_needed = need_dx
+        timer = self.layer_timer
         for i in range(stop - 1, -1 if need_dx else 0, -1):
-            dy = self.layers[i].backward_internal(dy)
+            layer = self.layers[i]
+            dy = layer.backward_internal(dy) if timer is None else timer.run(layer, "backward",
+                                                                             layer.backward_internal, dy)
             if on_grads_ready is not None and self.layers[i].nparams:
                 on_grads_ready(self._starts[i])
         return dy if need_dx else None
