@@ -27,7 +27,7 @@ def roofline_profile(tmp_path_factory):
     (["run", "--global_batch_size", "64", "--replicas", "4", "--model", "simplemlp", "--noise", "-1"], "--noise"),
     (["run", "--global_batch_size", "64", "--replicas", "4", "--profile", "/nonexistent/p.json"], "--profile"),
     (["run", "--global_batch_size", "64", "--replicas", "6", "--nodes", "4", "--model", "simplemlp"], "multiple of"),
-    (["calibrate", "--model", "simplemlp", "--trace", "t.json", "--out", "x.json"], "--trace_sizes"),
+    (["calibrate", "--model", "simplemlp", "--trace", "/nonexistent/t.json", "--out", "x.json"], "--trace /nonexistent"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2
@@ -78,3 +78,4 @@ def test_calibrate_measures_this_machine(tmp_path):
     assert doc["source"] == "measured" and len(doc["network_sweep"]["sizes"]) == 8
     assert doc["network"]["alpha"] > 0 and doc["network"]["beta"] > 0
     assert all(sum(l["forward_s"]) > 0 for l in doc["layers"] if l["param_bytes"])
+    assert len(doc["step_overhead_s"]) == 2 and min(doc["step_overhead_s"]) >= 0   # from two traced launcher runs

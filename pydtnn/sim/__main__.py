@@ -1,7 +1,7 @@
 """pydtnn-simulate: predict a cluster before booking it.
 
     pydtnn-simulate calibrate --model resnet20_cifar10 --out p.json          # measures this machine (~60 s)
-    pydtnn-simulate calibrate --model resnet20_cifar10 --trace trace.json --trace_sizes 64,64 --out p.json
+    pydtnn-simulate calibrate --model resnet20_cifar10 --trace trace.json --out p.json
     pydtnn-simulate calibrate --model resnet20_cifar10 --roofline --cpu_speed 2e12 --out p.json
     pydtnn-simulate run --profile p.json --model resnet20_cifar10 --global_batch_size 4096 --replicas 1024 \\
         --balance dynamic --noise 0.05 --stragglers 8:2.0 --steps 1000 --json
@@ -34,7 +34,7 @@ def build_parser():
     c.add_argument("--overhead", type=boolean, default=True,
                    help="time the launcher's per-step work outside compute (two short one-rank runs)")
     c.add_argument("--trace", default=None, help="build the profile from a launcher Chrome trace instead")
-    c.add_argument("--trace_sizes", type=positive_int_list, default=None, help="the trace's split b_0,b_1,...")
+    c.add_argument("--trace_sizes", type=positive_int_list, default=None, help="the split b_0,b_1,... of a trace without per-layer events")
     c.add_argument("--trace_rank", type=int, default=0)
     c.add_argument("--roofline", action="store_true", help="build the profile from the five flags below")
     _roofline_flags(c)
@@ -88,8 +88,6 @@ def _roofline_kw(a):
 def _calibrate(a):
     from pydtnn.sim import calibrate, roofline, trace_profile
     if a.trace:
-        if not a.trace_sizes:
-            raise ConfigError("--trace needs --trace_sizes (the split printed by the launcher)")
         prof = trace_profile.trace_profile(a.trace, a.model_name, a.trace_sizes, a.trace_rank, a.dtype)
     elif a.roofline:
         prof = roofline.roofline_profile(a.model_name, dtype=a.dtype, **_roofline_kw(a))
