@@ -134,6 +134,7 @@ def test_profile_table_has_every_layer_and_gflops_for_conv_and_fc():
 
 # ------------------------------------------------------------------------------------------ MPI jobs
 
+@pytest.mark.mpi
 def test_synchronized_batchnorm_waits_are_waits_and_everything_is_recorded(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     model = tmp_path / "bnnet.py"
@@ -192,6 +193,7 @@ def test_synchronized_batchnorm_waits_are_waits_and_everything_is_recorded(tmp_p
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+@pytest.mark.mpi
 def test_bucket_reductions_overlap_the_backward_pass_and_the_emulated_slowdown_is_traced(tmp_path):
     # simplemlp in float64 is ~5.3 MB of gradients: several 1 MiB buckets, started during backward
     path = tmp_path / "trace.json"
