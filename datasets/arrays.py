@@ -1,7 +1,7 @@
 """A dataset from a researcher's own arrays: in memory or memory-mapped (`np.load(path, mmap_mode="r")`).
 
-`x` is (N, *input_shape): float features or images used as they are (cast to float32), or integer ids
-(an embedding's, kept int64). `y` is (N,) integer class labels (or (N, T) per-position labels), or float
+`x` is (N, *input_shape): float features or images used as they are (in their own float type, at least
+float32), or integers (int64: an embedding's ids; the model casts them to its dtype otherwise). `y` is (N,) integer class labels (or (N, T) per-position labels), or float
 targets (N, *target_shape) for a regression or an autoencoder. Nothing reads `x` whole: a batch reads only
 its rows, in ascending order (sequential on disk), so every rank of a job can map the same file.
 The labels are read once to count the classes (N integers: small beside the images).
@@ -23,12 +23,15 @@ class ArraySplit:
     blocks = None
     augmentation = None
 
-    def __init__(self, x, y, start: int, stop: int, *, nclasses: int, name: str):
+    def __init__(self, x, y, start: int = 0, stop: int | None = None, *, nclasses: int = 0, name: str = "train",
+                 shuffle: bool = True):
         self.x, self.y = x, y
-        self.start, self.stop, self.name = int(start), int(stop), name
+        self.start, self.stop, self.name = int(start), int(x.shape[0] if stop is None else stop), name
         self.nclasses = int(nclasses)
+        self.shuffle = bool(shuffle)
         self.input_shape = tuple(int(d) for d in x.shape[1:])
-        self._ids = np.issubdtype(x.dtype, np.integer)
+        # floats keep their precision (a float64 model gets float64 inputs); integers are ids (int64)
+        self._x_dtype = _batch_dtype(x.dtype)
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -37,24 +40,33 @@ class ArraySplit:
         return f"ArraySplit({self.name!r}, {len(self)} samples, shape={self.input_shape})"
 
     def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
-        """A permutation of the samples, the same on every rank for (seed, epoch)."""
+        """A permutation of the samples, the same on every rank for (seed, epoch); in order without shuffle."""
+        if not self.shuffle:
+            return np.arange(len(self), dtype=np.int64)
         return np.random.default_rng([int(seed), int(epoch)]).permutation(len(self)).astype(np.int64)
 
     def take(self, indices, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(x, y) of samples `indices` (split-local): x float32 (int64 for ids), y int64 labels or float32
-        targets. `epoch` is accepted for the Split interface (arrays get no augmentation)."""
+        """(x, y) of samples `indices` (split-local): x in its float type (int64 for ids), y int64 labels or
+        float targets. `epoch` is accepted for the Split interface (arrays get no augmentation)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
         if idx.size and (idx.min() < -n or idx.max() >= n):
             raise IndexError(f"{self.name} split: index out of range [0, {n})")
         rows = np.where(idx < 0, idx + n, idx) + self.start
         order = np.argsort(rows, kind="stable")       # ascending reads; results put back in the asked order
-        x = np.empty((len(rows),) + self.input_shape, np.int64 if self._ids else np.float32)
+        x = np.empty((len(rows),) + self.input_shape, self._x_dtype)
         x[order] = self.x[rows[order]]
         y_sorted = np.asarray(self.y[rows[order]])
-        y = np.empty_like(y_sorted, dtype=np.int64 if np.issubdtype(y_sorted.dtype, np.integer) else np.float32)
+        y = np.empty_like(y_sorted, dtype=_batch_dtype(y_sorted.dtype))
         y[order] = y_sorted
         return x, y
+
+
+def _batch_dtype(dtype):
+    """What a batch holds: int64 for integers (labels, ids), the float type itself (at least float32)."""
+    if np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.bool_):
+        return np.int64
+    return np.result_type(dtype, np.float32)
 
 
 def _check_pair(x, y, what: str):

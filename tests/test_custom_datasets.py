@@ -35,7 +35,7 @@ def test_a_batch_reads_only_its_rows_and_comes_back_in_the_asked_order():
     rec = RowRecorder(x)
     ds = from_arrays(rec, y)
     xb, yb = ds.train.take([7, 2, 30])
-    assert xb.dtype == np.float32 and yb.dtype == np.int64
+    assert xb.dtype == np.float64 and yb.dtype == np.int64          # floats keep their precision
     np.testing.assert_array_equal(xb, x[[7, 2, 30]])
     np.testing.assert_array_equal(yb, y[[7, 2, 30]])
     assert len(rec.asked) == 1 and sorted(rec.asked[0].tolist()) == [2, 7, 30]
@@ -56,7 +56,7 @@ def test_validation_split_holds_out_the_last_rows_and_test_arrays_become_the_tes
 def test_float_targets_are_a_regression_of_their_shape():
     x, y = np.zeros((6, 5)), np.linspace(0, 1, 12).reshape(6, 2)
     ds = from_arrays(x, y)
-    assert ds.output_shape == (2,) and ds.train.take([3])[1].dtype == np.float32
+    assert ds.output_shape == (2,) and ds.train.take([3])[1].dtype == np.float64
 
 
 def _write(tmp_path, body, name="mydata.py"):
@@ -177,3 +177,26 @@ def test_a_bad_dataset_file_under_mpiexec_is_one_line_and_status_2(tmp_path):
     assert r.returncode == 2, describe(r)
     lines = output_of_our_processes(r)
     assert len(lines) == 1 and lines[0].startswith("pydtnn: error: ") and str(data) in lines[0], describe(r)
+
+
+def _linear_model():
+    from pydtnn import Model
+    from pydtnn.layers import FC, Input
+    model = Model(backend="cpu", dtype="float64", seed=3)
+    model.add(Input(shape=(12,)))
+    model.add(FC(shape=(3,), activation="softmax"))
+    return model
+
+
+def test_model_fit_takes_a_dataset_and_trains_as_on_the_same_arrays():
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((40, 12)), rng.integers(0, 3, 40)
+    a, b = _linear_model(), _linear_model()
+    ha = a.fit(x[:32], y[:32], epochs=2, batch_size=8, validation_data=(x[32:], y[32:]))
+    hb = b.fit(from_arrays(x, y, validation_split=0.2), epochs=2, batch_size=8)
+    assert set(ha) == set(hb) and "val_loss" in hb and len(hb["loss"]) == 2
+    # the same samples in the same order (one seed): the same float64 operations, so equal weights
+    np.testing.assert_array_equal(a.params, b.params)
+    np.testing.assert_allclose(ha["val_loss"], hb["val_loss"], rtol=1e-12)
+    with pytest.raises(ConfigError, match="give neither y nor validation_data"):
+        b.fit(from_arrays(x, y), y)
