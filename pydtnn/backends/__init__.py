@@ -162,6 +162,9 @@ class Backend:
         return self.xp.maximum(y, 0, out=y) if relu else y
 
     # --- element-wise and row kernels of the sequence layers (device-independent defaults) ------------
+    def matmul(self, a, b, out=None):      # a @ b as numpy.matmul (FC, attention); the CPU backend threads it
+        return self.xp.matmul(a, b, out=out)
+
     def erfc(self, x):
         """The complementary error function, to double precision (GELU); see `_special`."""
         from pydtnn.backends._special import erfc
