@@ -77,3 +77,59 @@ def test_matmul_float32_float64_and_odd_cases_fall_back():
     np.testing.assert_array_equal(be.matmul(a.astype(np.float32), v), a.astype(np.float32) @ v)
     empty = np.zeros((0, 4), np.float32)
     assert be.matmul(empty, b.astype(np.float32)).shape == (0, 3)
+
+
+# --- GELU and last-axis LayerNorm kernels (`_cpu_rows`), every size split over 3 parts ------------------
+
+def test_gelu_kernels_match_the_formula_and_finite_differences():
+    import math
+    from pydtnn.activations import GELU
+    from pydtnn.testing import check_gradients
+    be = _backend("float64", 3)
+    x = np.concatenate([np.linspace(-12, 12, 97), [-40.0, 40.0, 0.0]]).reshape(4, 25)
+    y, ctx = be.gelu_forward(x)
+    phi = np.array([0.5 * math.erfc(-v / math.sqrt(2)) for v in x.ravel()]).reshape(x.shape)
+    # erfc's exp(-x^2/2) carries ~|x^2/2| ulps of its argument (72 at x = -12): relative 1e-13
+    np.testing.assert_allclose(y, x * phi, rtol=1e-13, atol=1e-300)
+    dy = np.random.default_rng(3).standard_normal(x.shape)
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    np.testing.assert_allclose(be.gelu_backward(dy, ctx), dy * (phi + x * pdf), rtol=1e-13, atol=1e-300)
+    errors = check_gradients(GELU(), (3, 7), backend=be, batch_size=3)
+    assert errors and max(errors.values()) <= 1e-6
+
+
+def test_layernorm_kernels_match_numpy_and_finite_differences():
+    from pydtnn.layers import LayerNorm
+    from pydtnn.testing import check_gradients
+    rng = np.random.default_rng(4)
+    be = _backend("float64", 3)
+    x, g, b = rng.standard_normal((5, 7, 24)) * 3 + 2, rng.standard_normal(24), rng.standard_normal(24)
+    y, ctx = be.layernorm_forward(x, g, b, 1e-5)
+    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    xhat = (x - mu) / np.sqrt(var + 1e-5)
+    # a row's sums of 24 terms in float64: error ~ 24 eps * |x| / std, far below 1e-12
+    np.testing.assert_allclose(y, xhat * g + b, rtol=1e-12, atol=1e-12)
+    dy = rng.standard_normal(x.shape)
+    dx, dgamma, dbeta = be.layernorm_backward(dy, ctx, g)
+    gx = dy * g
+    ref = (gx - gx.mean(-1, keepdims=True) - xhat * (gx * xhat).mean(-1, keepdims=True)) / np.sqrt(var + 1e-5)
+    np.testing.assert_allclose(dx, ref, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(dgamma, (dy * xhat).sum((0, 1)), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dbeta, dy.sum((0, 1)), rtol=1e-12, atol=1e-12)
+    errors = check_gradients(LayerNorm(), (4, 6), backend=be, batch_size=3)
+    assert errors and max(errors.values()) <= 1e-6
+
+
+def test_float32_kernels_agree_with_float64():
+    """float32 against float64 on the same data: GELU ~ a few eps32 relative; LayerNorm's x_hat ~ eps32 *
+    (|x - mean| / std + d eps-sized terms from the float64 sums), bounded here by 1e-5 absolute."""
+    rng = np.random.default_rng(5)
+    x64 = rng.standard_normal((64, 96)) * 2
+    be32, be64 = _backend("float32", 2), _backend("float64", 2)
+    y32, _ = be32.gelu_forward(x64.astype(np.float32))
+    y64, _ = be64.gelu_forward(x64)
+    np.testing.assert_allclose(y32, y64, rtol=1e-6, atol=1e-6)
+    g, b = rng.standard_normal(96), rng.standard_normal(96)
+    l32, _ = be32.layernorm_forward(x64.astype(np.float32), g.astype(np.float32), b.astype(np.float32), 1e-5)
+    l64, _ = be64.layernorm_forward(x64, g, b, 1e-5)
+    np.testing.assert_allclose(l32, l64, rtol=1e-5, atol=1e-5)

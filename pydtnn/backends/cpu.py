@@ -15,6 +15,7 @@ Design (see `_cpu_conv` for the convolution algorithm):
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 
@@ -26,6 +27,7 @@ from pydtnn.backends import _cpu_blas as blas
 from pydtnn.backends import _cpu_conv as kc
 from pydtnn.backends import _cpu_kernels as kp
 from pydtnn.backends import _cpu_matmul as kmm
+from pydtnn.backends import _cpu_rows as krows
 from pydtnn.backends import _cpu_softmax as ksm
 from pydtnn.backends import _cpu_special as kspecial
 from pydtnn.backends import _cpu_planes as planes
@@ -91,6 +93,7 @@ class CPUBackend(Backend):
         self.use_blas_kernels = blas.GEMM_OK     # False: NumPy fallback for convolutions (also for tests)
         self._force_fold = False                 # tests/benchmarks: always use the im2col packing
         self._parallel_min = _PARALLEL_MIN       # tests: 0 runs even tiny kernels on several threads
+        self._buffers: dict = {}                 # `_scratch`
 
     # --- arrays -------------------------------------------------------------------------------------
     def asarray(self, a):
@@ -188,7 +191,7 @@ class CPUBackend(Backend):
                 y += bias
             return y, (x,)
         if self._winograd(spec, h, wd):
-            self._wino_fwd(x, wino.filter_transform(w, wino.TILE, self.dtype), bias, y, spec.padding)
+            self._wino_fwd(x, self._wino_filters(w), bias, y, spec.padding)
             return y, (x,)
         wt = self._c(np.asarray(w).transpose(2, 3, 1, 0)).reshape(-1)       # (kh, kw, C, K)
         self._conv_fwd_core(x, wt, bias, y, spec, n, h, wd, c, k, ho, wo)
@@ -204,6 +207,20 @@ class CPUBackend(Backend):
         if self.conv_algorithm == "direct" or not self.use_blas_kernels or not wino.applies(spec):
             return False
         return self.conv_algorithm == "winograd" or wino.pays(spec, h, w)
+
+    def _wino_filters(self, w, flipped=False):
+        """U = G g G^T of every filter (of the flipped, channel-swapped ones: backward data), threaded."""
+        u_size = (wino.TILE + 2) ** 2 * w.shape[0] * w.shape[1]
+        return wino.filter_transform(w, wino.TILE, self.dtype, self._nt(u_size), flipped, POOL.run,
+                                     self._scratch("winograd_u", u_size))
+
+    def _scratch(self, name, size):
+        """A flat buffer of at least `size` elements kept between calls (used within one call only): large
+        fresh arrays cost a page fault per 4 KiB on first touch, about as much as the work on them."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.size < size:
+            buf = self._buffers[name] = np.empty(size, self.dtype)
+        return buf[:size]
 
     def _wino_fwd(self, x, u, bias, y, padding):
         n, h, wd, c = x.shape
@@ -221,13 +238,15 @@ class CPUBackend(Backend):
         m = wino.TILE
         a = m + 2
         nt = self._nt(max(x.size, dy.size))
-        acc = np.zeros((nt, a * a * c * k), self.dtype)
+        acc = self._scratch("winograd_du", nt * a * a * c * k).reshape(nt, -1)
+        acc.fill(0)
         dbacc = np.zeros((nt, k), self.dtype)
         with blas.blas_single_thread():
             POOL.run(wino.bwd_w, nt, blas.gemm_ptr(self.dtype), x.reshape(-1), dy.reshape(-1), acc, dbacc,
                      n, h, wd, c, k, ho, wo, spec.padding[0], spec.padding[1], m, wino.chunk_tiles(c, k), with_bias)
-        du, db = (acc[0], dbacc[0]) if nt == 1 else (acc.sum(axis=0), dbacc.sum(axis=0))
-        return wino.weight_grad_transform(du, m, k, c, self.dtype), (db if with_bias else None)
+        db = dbacc.sum(axis=0)
+        dw = wino.weight_grad_transform(acc, m, k, c, self.dtype, self._nt(acc.size), POOL.run)   # sums the parts
+        return dw, (db if with_bias else None)
 
     def _conv_fwd_core(self, x, wt, bias, y, spec, n, h, wd, c, k, ho, wo):
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = spec.kernel, spec.stride, spec.padding, spec.dilation
@@ -263,7 +282,7 @@ class CPUBackend(Backend):
         pth, ptw = dh * (kh - 1) - ph, dw * (kw - 1) - pw
         if self._winograd(spec, h, wd):
             # dx = conv(dy, flipped filter with in/out channels swapped), padding 2 - p (negative: a crop)
-            u = wino.filter_transform(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), wino.TILE, self.dtype)
+            u = self._wino_filters(w, flipped=True)
             self._wino_fwd(dy, u, np.empty(0, self.dtype), dx, (pth, ptw))
             return dx
         if sh == 1 and sw == 1 and pth >= 0 and ptw >= 0:
@@ -387,6 +406,51 @@ class CPUBackend(Backend):
         out = np.empty_like(x)
         POOL.run(kspecial.erfc, self._nt(x.size), x.reshape(-1), out.reshape(-1), x.size)
         return out
+
+    # --- GELU and last-axis LayerNorm (the sequence layers): one pass each way, numba ------------------
+    def gelu_forward(self, x):
+        if x.dtype != self.dtype:
+            return super().gelu_forward(x)
+        x = self._c(x)
+        y, cdf = np.empty_like(x), np.empty_like(x)
+        POOL.run(krows.gelu_fwd, self._nt(x.size), x.reshape(-1), y.reshape(-1), cdf.reshape(-1), x.size)
+        return y, (x, cdf)
+
+    def gelu_backward(self, dy, ctx):
+        x, cdf = ctx
+        if dy.dtype != self.dtype or dy.shape != x.shape:
+            return super().gelu_backward(dy, ctx)
+        dy = self._c(dy)
+        dx = np.empty_like(dy)
+        POOL.run(krows.gelu_bwd, self._nt(dy.size), dy.reshape(-1), x.reshape(-1), cdf.reshape(-1),
+                 dx.reshape(-1), dy.size)
+        return dx
+
+    def layernorm_forward(self, x, gamma, beta, eps: float):
+        if x.dtype != self.dtype:
+            return super().layernorm_forward(x, gamma, beta, eps)
+        x = self._c(x)
+        d = x.shape[-1]
+        rows = x.size // d
+        y, x_hat = np.empty_like(x), np.empty_like(x)
+        inv_std = np.empty(rows, self.dtype)
+        POOL.run(krows.layernorm_fwd, self._nt(x.size), x.reshape(-1), self._vec(gamma), self._vec(beta),
+                 y.reshape(-1), x_hat.reshape(-1), inv_std, rows, d, float(eps))
+        return y, (x_hat, inv_std)
+
+    def layernorm_backward(self, dy, ctx, gamma):
+        x_hat, inv_std = ctx
+        if dy.dtype != self.dtype or dy.shape != x_hat.shape or inv_std.ndim != 1:
+            return super().layernorm_backward(dy, ctx, gamma)
+        dy = self._c(dy)
+        d = dy.shape[-1]
+        rows = dy.size // d
+        nt = self._nt(dy.size)
+        dgamma, dbeta = np.zeros((nt, d)), np.zeros((nt, d))
+        dx = np.empty_like(dy)
+        POOL.run(krows.layernorm_bwd, nt, dy.reshape(-1), x_hat.reshape(-1), inv_std, self._vec(gamma),
+                 dx.reshape(-1), dgamma, dbeta, rows, d)
+        return dx, dgamma.sum(axis=0).astype(self.dtype), dbeta.sum(axis=0).astype(self.dtype)
 
     # --- row softmax (attention, Softmax layers): fused numba kernels, in place -----------------------
     def softmax(self, s, causal=False):
@@ -517,6 +581,13 @@ class CPUBackend(Backend):
               and a.shape[-1] == b.shape[-2] and min(a.shape[-2], a.shape[-1], b.shape[-1]) > 0)
         if not ok:
             return np.matmul(a, b, out=out)
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        nb = math.prod(batch)
+        nt = self._nt(nb * m * n * k // 16)            # a hand-off (~15 us) against ~16 multiply-adds per element
+        if nt == 1:                                    # NumPy's own call is cheaper; BLAS on this thread only
+            with blas.blas_single_thread():
+                return np.matmul(a, b, out=out)
         ta, tb = kmm.operand(a), kmm.operand(b)
         if ta is None:
             a = np.ascontiguousarray(a)
@@ -524,16 +595,12 @@ class CPUBackend(Backend):
         if tb is None:
             b = np.ascontiguousarray(b)
             tb = kmm.operand(b)
-        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         shape = batch + (m, n)
         c = out if (out is not None and out.shape == shape and out.dtype == self.dtype
                     and out.flags.c_contiguous) else np.empty(shape, self.dtype)
-        nb = int(np.prod(batch, dtype=np.int64))
         item = c.itemsize
         c_off = np.arange(nb, dtype=np.int64) * (m * n * item)
         one, zero = self.dtype.type(1), self.dtype.type(0)
-        nt = self._nt(nb * m * n * k // 16)            # a hand-off (~15 us) against ~16 multiply-adds per element
         with blas.blas_single_thread():
             POOL.run(kmm.gemm_parts, nt, blas.gemm_ptr(self.dtype), a.ctypes.data, b.ctypes.data, c.ctypes.data,
                      kmm.batch_offsets(a, batch), kmm.batch_offsets(b, batch), c_off, m, n, k, ta[0], tb[0],
