@@ -37,7 +37,8 @@ EXECUTION_FLAGS = frozenset({
 # Flags that may differ between ranks: a rank's own threads; files each rank reads from its own node
 # (only whether they are given must agree); what only rank 0 writes or shows.
 PER_RANK_FLAGS = frozenset({"threads_per_replica", "history_file", "save_weights_and_bias_filename",
-                            "tracer_output", "checkpoint_dir", "progress_bar", "profile"})
+                            "tracer_output", "checkpoint_dir", "progress_bar", "profile", "tensorboard_dir",
+                            "step_history_file", "plots_dir"})
 PRESENCE_FLAGS = frozenset({"dataset_train_path", "dataset_test_path", "weights_and_bias_filename", "resume"})
 
 
@@ -77,6 +78,13 @@ def check_combinations(p) -> None:
     if p.resume and p.weights_and_bias_filename:
         raise ConfigError("--resume restores a full checkpoint, its weights included, and "
                           "--weights_and_bias_filename would replace them: give one of the two")
+    if p.dataset_name.endswith(".py"):
+        if p.use_synthetic_data or p.download:
+            flag = "--use_synthetic_data" if p.use_synthetic_data else "--download"
+            raise ConfigError(f"--dataset {p.dataset_name} is a dataset file: {flag} does not apply to it")
+        if p.targets != "labels" or p.flip_images or p.crop_images:
+            raise ConfigError(f"--dataset {p.dataset_name} is a dataset file: its arrays are used as they are "
+                              f"(--targets, --flip_images and --crop_images are the file's to make)")
 
 
 # ------------------------------------------------------------------------------------------ learning rate

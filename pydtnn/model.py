@@ -13,14 +13,13 @@ in one pass, and communicators reduce the gradient buffer in one call (or in rev
 """
 from __future__ import annotations
 
-import os
 import re
 
 import numpy as np
 
 from pydtnn.activations import make_activation
 from pydtnn.backends import Backend, get_backend
-from pydtnn.errors import CheckpointError, ConfigError, NumericalError, ShapeError
+from pydtnn.errors import CheckpointError, ConfigError, ShapeError
 from pydtnn.layers.base import Layer
 from pydtnn.layers.fusion import link_relus
 from pydtnn.layers.input import Input
@@ -40,6 +39,8 @@ def expand_activations(layers):
 
 
 class Model:
+    layer_timer = None          # a pydtnn.profiling.layer_timer.LayerTimer while tracing or profiling layers
+
     def __init__(self, backend="cpu", dtype="float32", seed=0):
         self.backend = backend if isinstance(backend, Backend) else get_backend(backend, dtype, seed)
         self.dtype = self.backend.dtype
@@ -132,8 +133,12 @@ class Model:
             self._pack()
         if not self.layers:
             raise ShapeError("the model has no layers")
+        timer = self.layer_timer
         for layer in self.layers[:upto]:
-            x = layer.forward_internal(x, training)     # NCHW conversion only around a user layer
+            if timer is None:
+                x = layer.forward_internal(x, training)     # NCHW conversion only around a user layer
+            else:
+                x = timer.run(layer, "forward", layer.forward_internal, x, training)
         return self.backend.to_user(x) if x.ndim == 4 else x
 
     def backward(self, dy, on_grads_ready=None, start=None, need_dx=True):
@@ -148,8 +153,11 @@ class Model:
         stop = len(self.layers) if start is None else start
         if len(self.layers) > 1:
             self.layers[1].input_grad_needed = need_dx
+        timer = self.layer_timer
         for i in range(stop - 1, -1 if need_dx else 0, -1):
-            dy = self.layers[i].backward_internal(dy)
+            layer = self.layers[i]
+            dy = layer.backward_internal(dy) if timer is None else timer.run(layer, "backward",
+                                                                             layer.backward_internal, dy)
             if on_grads_ready is not None and self.layers[i].nparams:
                 on_grads_ready(self._starts[i])
         return dy if need_dx else None
@@ -240,6 +248,7 @@ class Model:
                     rows.append(("  " * (indent + 1) + f"path {p}" + (" (identity)" if not path else ""),
                                  "", "", "", ""))
                     walk(path, indent + 2)
+                walk(getattr(layer, "children", []), indent + 1)      # a Composite's sublayers
         walk(self.layers, 0)
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         line = "-" * (sum(widths) + 8)
@@ -249,63 +258,58 @@ class Model:
                     f"as {self.dtype.name}, backend {self.backend.name})")
         return "\n".join(body)
 
-    # --- a minimal training loop for the Python API (the launcher's trainer is pydtnn.trainer) --------
-    def fit(self, x, y, *, epochs=1, batch_size=64, optimizer=None, loss="categorical_cross_entropy",
+    # --- training: the launcher's loop (pydtnn.trainer.Trainer) on arrays ------------------------------
+    def fit(self, x, y=None, *, epochs=1, batch_size=64, optimizer=None, loss="categorical_cross_entropy",
             metrics=("categorical_accuracy",), validation_data=None, shuffle=True, verbose=False,
             callbacks=(), clip_grad_norm=0.0):
-        """Train on host arrays x (N, ...) and y (one-hot (N, K) or integer labels). Returns a history dict.
+        """Train with the launcher's training loop (`pydtnn.trainer.Trainer`) on host arrays x (N, ...) and y
+        (one-hot (N, K), integer labels, or float targets), or on a `pydtnn.datasets.Dataset` given as x (its
+        `val` split is the validation data). Returns a Keras-like history dict of lists: loss, each metric,
+        and their val_ versions with `validation_data` or a Dataset's val split.
 
-        `callbacks` have the schedulers' hooks (`on_batch_begin(trainer, global_step)`,
-        `on_epoch_end(trainer, epoch, logs)`; a `pydtnn.schedulers` object is one); the `trainer` they get
-        has `model`, `optimizer`, `steps_per_epoch`, `stop_training` (set it to stop after this epoch) and
-        `log`. `clip_grad_norm` > 0 clips the gradient to that global L2 norm before each step.
+        `callbacks` are `pydtnn.callbacks.Callback` objects (or any object with some of its hooks; the
+        `pydtnn.schedulers` are ones); the `trainer` they get is the Trainer (`model`, `optimizer`,
+        `steps_per_epoch`, `stop_training`, `log`, `save_checkpoint`). `clip_grad_norm` > 0 clips the
+        gradient to that global L2 norm before each step. Memory-mapped arrays are read a batch at a time.
         """
-        from pydtnn.clipping import check_max_norm, clip_by_global_norm
+        from pydtnn.clipping import check_max_norm
+        from pydtnn.datasets import Dataset
         from pydtnn.optimizers import SGD
-        optimizer = optimizer or SGD()
-        clip_grad_norm = check_max_norm(clip_grad_norm)
-        loop = FitLoop(self, optimizer, steps_per_epoch=-(-len(x) // batch_size), verbose=verbose)
-        loss = get_loss(loss)
-        metric_fns = {m: get_metric(m) for m in metrics}
-        y = self._one_hot(y)
-        rng = np.random.default_rng(self.seed)
-        history = {"loss": [], **{m: [] for m in metric_fns}}
-        if validation_data is not None:
-            history.update({"val_loss": [], **{f"val_{m}": [] for m in metric_fns}})
-        n = len(x)
-        for epoch in range(epochs):
-            order = rng.permutation(n) if shuffle else np.arange(n)
-            totals, seen = {k: 0.0 for k in ["loss", *metric_fns]}, 0
-            for step, start in enumerate(range(0, n, batch_size)):
-                for cb in callbacks:
-                    cb.on_batch_begin(loop, epoch * loop.steps_per_epoch + step)
-                idx = order[start:start + batch_size]
-                yb = self.backend.asarray(y[idx])
-                value, y_pred = self.compute_gradients(x[idx], yb, loss)
-                if not np.isfinite(value):
-                    raise NumericalError(f"the loss became {value} at epoch {epoch + 1}, samples {start}..")
-                if clip_grad_norm:
-                    clip_by_global_norm(self.grads, clip_grad_norm)
-                optimizer.step(self.params, self.grads)
-                totals["loss"] += value * len(idx)
-                for m, f in metric_fns.items():
-                    totals[m] += f(y_pred, yb) * len(idx)
-                seen += len(idx)
-            for k, v in totals.items():
-                history[k].append(v / seen)
+        from pydtnn.trainer import Trainer
+        check_max_norm(clip_grad_norm)
+        if isinstance(x, Dataset):
+            if y is not None or validation_data is not None:
+                raise ConfigError("Model.fit(dataset): the Dataset holds the targets and its val split; give "
+                                  "neither y nor validation_data")
+            data = x
+            if not shuffle:
+                raise ConfigError("Model.fit(dataset): a Dataset's train split sets its own order; shuffle=False "
+                                  "applies to arrays")
+        else:
+            if y is None:
+                raise ConfigError("Model.fit(x, y): give the targets y, or a pydtnn.datasets.Dataset as x")
+            val = None
             if validation_data is not None:
-                results = self.evaluate(*validation_data, batch_size=batch_size, loss=loss, metrics=metrics)
-                for k, v in results.items():
-                    history[f"val_{k}"].append(v)
-            if verbose:
-                print(f"epoch {epoch + 1}: " + ", ".join(f"{k}={v[-1]:.4f}" for k, v in history.items()))
-            logs = {"epoch": epoch + 1, **{k: v[-1] for k, v in history.items()},
-                    "learning_rate": optimizer.learning_rate}
-            for cb in callbacks:
-                cb.on_epoch_end(loop, epoch, logs)
-            if loop.stop_training:
-                break
-        return history
+                xv, yv = validation_data
+                val = self._array_split(xv, yv, "validation_data", shuffle=False)
+            data = Dataset(name="arrays", input_shape=tuple(self.input_shape), nclasses=self.output_shape[-1],
+                           train=self._array_split(x, y, "train", shuffle), val=val)
+        trainer = Trainer(self, data, optimizer or SGD(), loss=loss, metrics=metrics, global_batch=batch_size,
+                          seed=self.seed, progress=False, eval_batch_size=batch_size, callbacks=callbacks,
+                          log=print if verbose else (lambda msg: None), clip_grad_norm=clip_grad_norm)
+        rows = trainer.fit(epochs)
+        keys = ["loss", *metrics] + ([f"val_{k}" for k in ["loss", *metrics]] if data.val is not None else [])
+        return {k: [row[k] for row in rows] for k in keys}
+
+    def _array_split(self, x, y, name, shuffle):
+        from pydtnn.datasets import ArraySplit
+        x = x if hasattr(x, "shape") else np.asarray(x)      # a memory-mapped x stays mapped
+        y = self._one_hot(y)
+        if len(x) != len(y):
+            raise ShapeError(f"{name}: {len(x)} inputs but {len(y)} targets")
+        if len(x) == 0:
+            raise ShapeError(f"{name}: no samples")
+        return ArraySplit(x, y, nclasses=self.output_shape[-1], name=name, shuffle=shuffle)
 
     def evaluate(self, x, y, *, batch_size=256, loss="categorical_cross_entropy", metrics=("categorical_accuracy",)):
         """Loss and metrics (inference mode) over host arrays, averaged over samples."""
@@ -326,20 +330,6 @@ class Model:
         if y.ndim == len(self.output_shape):        # labels: one per sample, or per position (N, T)
             return one_hot(y, self.output_shape[-1], self.dtype)
         return y.astype(self.dtype, copy=False)
-
-
-class FitLoop:
-    """What `Model.fit`'s callbacks see as `trainer`: the attributes schedulers use, without a Trainer."""
-
-    def __init__(self, model, optimizer, steps_per_epoch, verbose):
-        self.model, self.optimizer, self.steps_per_epoch = model, optimizer, steps_per_epoch
-        self.stop_training = False
-        self.log = print if verbose else (lambda msg: None)
-
-    def save_checkpoint(self, path, epoch, step=0, partial=None):
-        """model_checkpoint as a callback writes the weights (Model.save; read back with Model.load)."""
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        self.model.save(path)
 
 
 def one_hot(labels, nclasses, dtype):

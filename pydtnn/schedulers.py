@@ -1,6 +1,6 @@
 """Learning-rate schedulers and training callbacks, with upstream PyDTNN's names and flags.
 
-A scheduler sees the trainer at a few points: `on_batch_begin(trainer, global_step)` and
+A scheduler is a callback (`pydtnn.callbacks.Callback`) that uses `on_batch_begin(trainer, global_step)` and
 `on_epoch_end(trainer, epoch, logs)`; it may change `trainer.optimizer.learning_rate`, set
 `trainer.stop_training`, or ask `trainer.save_checkpoint(path)`. Every rank runs the same schedulers on
 the same (reduced) logs, so they take the same decisions. Nothing writes files unless asked:
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 
+from pydtnn.callbacks import Callback
 from pydtnn.errors import ConfigError
 from pydtnn.losses import LOSSES
 
@@ -21,20 +22,12 @@ def _maximize(metric: str) -> bool:
     return "accuracy" in metric
 
 
-class Scheduler:
+class Scheduler(Callback):
+    """A callback (pydtnn.callbacks) with a name (its --lr_schedulers entry) and a state saved in checkpoints."""
     name = None
-
-    def on_batch_begin(self, trainer, global_step):
-        pass
-
-    def on_epoch_end(self, trainer, epoch, logs):
-        pass
 
     # Only these attributes are state; everything else is configuration and comes from the command line.
     STATE = ()
-    # Schedulers that save files run after the epoch's history row is recorded (so a checkpoint holds it).
-    saves_files = False
-
     def state_dict(self) -> dict:
         state = {k: getattr(self, k) for k in self.STATE}
         if hasattr(self, "metric"):

@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from pydtnn.callbacks import call
 from pydtnn.checkpoint import load_checkpoint, save_checkpoint
 from pydtnn.clipping import check_max_norm, clip_by_global_norm
 from pydtnn.errors import CheckpointError, ConfigError, NumericalError, OutputError, PyDTNNError
@@ -45,6 +46,9 @@ from pydtnn.parallel.comm import BucketedReducer, SerialComm, agree_on_error, ra
 from pydtnn.parallel.emulation import SpeedEmulator
 from pydtnn.parallel.sync_batchnorm import BatchNormSync
 from pydtnn.prefetch import BatchPrefetcher
+from pydtnn.profiling.layer_profile import LayerProfile
+from pydtnn.profiling.layer_timer import LayerTimer
+from pydtnn.profiling.timeline import PREFETCH
 from pydtnn.progress import progress
 from pydtnn.trace import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
 
@@ -68,8 +72,10 @@ class Trainer:
                  emulate_speed=1.0, emulate_spin=False, emulate_reference=(), non_blocking=False, steps_per_epoch=0, seed=0, schedulers=(),
                  history_file=None, progress=True, eval_batch_size=None, tracer_output=None, log=None,
                  flags=None, checkpoint_dir="checkpoints", save_steps=0, save_minutes=0.0, handle_signals=False,
-                 clip_grad_norm=0.0, sync_batchnorm=False, max_local_batch=None, clock=time.monotonic):
+                 clip_grad_norm=0.0, sync_batchnorm=False, max_local_batch=None, clock=time.monotonic,
+                 trace_steps=None, profile_layers=False, callbacks=()):
         self.model, self.dataset, self.optimizer = model, dataset, optimizer
+        self.callbacks = list(callbacks)   # a user's (pydtnn.callbacks); the schedulers are callbacks too
         self.clip_grad_norm = check_max_norm(clip_grad_norm)
         self.clipped_steps = 0         # steps whose reduced gradient was clipped (same count on every rank)
         self.loss = get_loss(loss)
@@ -127,13 +133,22 @@ class Trainer:
         self.finished = False
         self.stats = ReplicaStats()
         self.prefetcher = BatchPrefetcher(self._take)
-        self.timeline = Timeline(self.rank, enabled=bool(tracer_output))
+        self.timeline = Timeline(self.rank, enabled=bool(tracer_output), steps=trace_steps)
         self.tracer_output = tracer_output
         self.timer = StepTimer(self.stats, self.timeline if tracer_output else None)
         self.reducer = BucketedReducer(self.comm, model.grads) if non_blocking and self.nreplicas > 1 else None
+        if self.reducer is not None and tracer_output:
+            self.reducer.timeline = self.timeline
+        # --tracing / --profile_layers: a timer around each layer, set on the model only in the steps it times
+        self.layer_profile = LayerProfile() if profile_layers else None
+        self._layer_timer = (LayerTimer(model.backend, self.timeline if tracer_output else None, self.layer_profile,
+                                        waited=lambda: self.timer.step_wait_s)
+                             if tracer_output or profile_layers else None)
+        self.step_waits = np.zeros(self.nreplicas)
+        self._steps_run = 0                   # steps run by this fit (the first is no layer profile's)
         # --sync_batchnorm: BatchNorm layers use the global batch's statistics (one process: nothing to sync)
         self.sync_batchnorm = bool(sync_batchnorm) and self.nreplicas > 1
-        self._bn_sync = BatchNormSync(self.comm) if self.sync_batchnorm else None
+        self._bn_sync = BatchNormSync(self.comm, timer=self.timer) if self.sync_batchnorm else None
         self._side_depth = 0
         self._set_batchnorm_sync(self._bn_sync)
         # replicas start from the same weights (upstream trusted equal seeds)
@@ -190,14 +205,34 @@ class Trainer:
         if self.reducer is not None and overlap:
             self.reducer.start_step()
             hook = self.reducer.ready
+        waited = self.timer.step_wait_s
         value, y_pred = self.model.compute_gradients(x, y, self.loss, loss_scale=weight, on_grads_ready=hook)
         self.model.backend.synchronize()
-        self.emulator.pad(start, len(x))
+        if self.emulator.active:        # the emulated compute excludes the waits in it (synchronized BatchNorm)
+            with self._span("emulated slowdown", "backward"):
+                self.emulator.pad(start + (self.timer.step_wait_s - waited), len(x))
         return value, y_pred
 
     def _take(self, indices, epoch):
-        x, labels = self.dataset.train.take(indices, epoch=epoch)
-        return x, as_targets(labels, self.nclasses, self.model.dtype)
+        background = threading.current_thread() is not threading.main_thread()
+        with self._span("prefetch" if background else "take batch", "data", tid=PREFETCH if background else 0,
+                        samples=len(indices)):
+            x, labels = self.dataset.train.take(indices, epoch=epoch)
+            return x, as_targets(labels, self.nclasses, self.model.dtype)
+
+    def _span(self, name, category, always=False, **kwargs):
+        """A timeline event when tracing (``always``: also outside --trace_steps), else nothing."""
+        if not self.tracer_output:
+            return contextlib.nullcontext()
+        return self.timeline.span(name, category, always=always, **kwargs)
+
+    def _begin_step(self, step, b_i):
+        """Before the 1-based global ``step``: the timeline's step; the layer timer in the steps it times
+        (the traced ones; with --profile_layers every step but the run's first)."""
+        self.timeline.set_step(step, b_i)
+        timed = self._layer_timer is not None and (
+            (self.tracer_output and self.timeline.active) or (self.layer_profile is not None and self._steps_run > 0))
+        self.model.layer_timer = self._layer_timer if timed else None
 
     def _batch(self, indices, epoch, next_indices):
         """This step's batch, or (when this rank cannot read it: a corrupt shard) zeros of its shape and
@@ -211,43 +246,61 @@ class Trainer:
 
     def train_step(self, indices, epoch, step_sizes, next_indices=None):
         b_i = len(indices)
-        (x, y_host), data_error = self._batch(indices, epoch, next_indices)
+        with self.timer.phase("data", category="data"):
+            (x, y_host), data_error = self._batch(indices, epoch, next_indices)
         y = self.model.backend.asarray(y_host)          # one copy to the device
         step_total = sum(step_sizes)
         weight = b_i / step_total if self.gradient_weighting == "proportional" else 1.0 / self.nreplicas
         self._calibrate_emulation(x, y, weight)          # before the timer: not this step's compute
         self.timer.start_step(b_i)
-        with self.timer.compute():
+        with self.timer.compute(None):       # the layers' own events show it when tracing
             value, y_pred = self._local_gradients(x, y, weight)
-        with self.timer.wait():
+        with self.timer.wait("allreduce", bytes=0 if self.nreplicas == 1 else int(self.model.grads.nbytes)):
             if self.reducer is not None:
                 self.reducer.finish()
             elif self.nreplicas > 1:
                 self.comm.allreduce_sum_(self.model.grads)
-        with self.timer.phase("update"):
+        with self.timer.phase("update", category="update"):
             if self.clip_grad_norm:    # on the reduced gradient: every replica clips the same buffer alike
                 self.clipped_steps += clip_by_global_norm(self.model.grads, self.clip_grad_norm)[1]
             self.optimizer.step(self.model.params, self.model.grads)
-        self.timer.end_step()
         # reported loss and metrics are weighted by b_i whatever the gradient weighting
         local = [value] + [f(y_pred, y) for f in self.metric_fns]
-        stats = np.zeros(len(local) + self.nreplicas + 3)
+        P = self.nreplicas
+        stats = np.zeros(len(local) + 2 * P + 3)
         stats[:len(local)] = np.asarray(local) * (b_i / step_total)
         stats[len(local) + self.rank] = self.timer.step_compute_s / b_i
+        stats[len(local) + P + self.rank] = self.timer.step_wait_s     # this reduction's own wait comes after
         # flags summed with the stats, so every rank takes the same decision after this step: a rank could
         # not read its batch; a signal arrived on some rank; rank 0's clock says a timed checkpoint is due
         stats[-3] = 1.0 if data_error is not None else 0.0
         stats[-2] = 1.0 if self._signal is not None else 0.0
         stats[-1] = 1.0 if self.rank == 0 and self._checkpoint_due_by_time() else 0.0
-        self.comm.allreduce_sum_(stats)
+        with self.timer.wait("stats allreduce", bytes=int(stats.nbytes)):
+            self.comm.allreduce_sum_(stats)
+        self.timer.end_step()
         if stats[-3] > 0:
             agree_on_error(self.comm, data_error, "another rank could not read its batch")
-        times = stats[len(local):len(local) + self.nreplicas]
+        times = stats[len(local):len(local) + P]
+        self.step_waits = stats[len(local) + P:len(local) + 2 * P]
         if self.emulator.active and self.emulate_reference:
             self.emulator.follow(float(np.mean(times[self.emulate_reference])))
         self.stop_requested = bool(stats[-2] > 0)
         self.save_requested = bool(stats[-1] > 0)
         return stats[:len(local)], times
+
+    def _step_timing(self, sizes, times, seconds):
+        """The layer profile's step time; for the callbacks' logs (identical on every rank), the step's
+        throughput (over this rank's wall time of it) and each replica's b_i, compute and wait seconds."""
+        if self.layer_profile is not None and self._steps_run > 0:
+            self.layer_profile.add_step(seconds)
+        self._steps_run += 1
+        out = {"samples_per_s": sum(sizes) / seconds}
+        for r, b in enumerate(sizes):
+            out[f"rank{r}_b"] = int(b)
+            out[f"rank{r}_compute_s"] = float(times[r] * b)
+            out[f"rank{r}_wait_s"] = float(self.step_waits[r])
+        return out
 
     def _checkpoint_due_by_time(self):
         return self.save_minutes > 0 and self.clock() - self._last_save_t >= 60.0 * self.save_minutes
@@ -260,29 +313,30 @@ class Trainer:
         self.finished = False
         if self.tracer_output:
             self.timeline.start(self.comm)
+        callbacks = self.schedulers + self.callbacks
+        # what writes files runs after the epoch's history row: a checkpoint after epoch N holds its row
+        writers = [c for c in callbacks if getattr(c, "saves_files", False)]
+        others = [c for c in callbacks if c not in writers]
         with self._signal_handlers(), contextlib.closing(self.prefetcher):
+            call(callbacks, "on_train_begin", self)
             for epoch in range(self.start_epoch, num_epochs):
                 first_step, self.start_step = self.start_step, 0
+                call(callbacks, "on_epoch_begin", self, epoch)
                 logs = self.train_epoch(epoch, num_epochs, first_step)
                 self.epochs_run += 1
-                # LR schedulers first, then the history row, then the schedulers that save files: a
-                # checkpoint written after epoch N holds epoch N's row and best value
-                for s in self.schedulers:
-                    if not s.saves_files:
-                        s.on_epoch_end(self, epoch, logs)
+                call(others, "on_epoch_end", self, epoch, logs)
                 logs["learning_rate_next"] = self.optimizer.learning_rate
                 self.history.append(logs)
                 try:
                     self._write_history()
                 except OutputError as e:       # nothing lost: the state after this epoch, then the error
                     raise OutputError(f"{e}; {self._rescue_checkpoint(epoch + 1, num_epochs)}") from None
-                for s in self.schedulers:
-                    if s.saves_files:
-                        s.on_epoch_end(self, epoch, logs)
+                call(writers, "on_epoch_end", self, epoch, logs)
                 if self.stop_training or epoch + 1 == num_epochs:
                     break
                 if self.stop_requested or self.save_requested or self._cadence_due(epoch, self.steps_per_epoch - 1):
                     self._step_checkpoint(epoch + 1, 0)
+            call(callbacks, "on_train_end", self)
         self.elapsed = time.perf_counter() - t_start
         self.finished = True
         if self.tracer_output:
@@ -358,15 +412,21 @@ class Trainer:
         t0 = time.perf_counter()
         bar = progress(total=self.steps_per_epoch, desc=f"epoch {epoch + 1}/{num_epochs}", unit="step",
                        enabled=self.progress, leave=True, initial=first_step)
+        callbacks = self.schedulers + self.callbacks
         for step in range(first_step, self.steps_per_epoch):
             global_step = epoch * self.steps_per_epoch + step
-            for s in self.schedulers:
-                s.on_batch_begin(self, global_step)
+            call(callbacks, "on_batch_begin", self, global_step)
+            rate = self.optimizer.learning_rate        # the rate this step trains with
             sizes = balance.step_sizes(step, self.global_batch, self.sizes, n, self.steps_per_epoch_arg)
             idx = balance.shard(order, step, self.global_batch, self.sizes, self.rank, n, self.steps_per_epoch_arg)
             nxt = (balance.shard(order, step + 1, self.global_batch, self.sizes, self.rank, n,
                                  self.steps_per_epoch_arg) if step + 1 < self.steps_per_epoch else None)
+            self._begin_step(global_step + 1, len(idx))
+            t_step = time.perf_counter()
             means, times = self.train_step(idx, epoch, sizes, nxt)
+            t_step = time.perf_counter() - t_step
+            self.model.layer_timer = None
+            timing = self._step_timing(sizes, times, t_step)
             if not math.isfinite(means[0]):
                 if bar is not None:
                     bar.close()
@@ -375,6 +435,9 @@ class Trainer:
             step_total = sum(sizes)
             sums += means * step_total
             samples += step_total
+            call(callbacks, "on_batch_end", self, global_step,
+                 {"loss": float(means[0]), **{m: float(v) for m, v in zip(self.metric_names, means[1:])},
+                  "learning_rate": rate, "batch_size": step_total, **timing})
             if self.balancer is not None and self.balancer.observe(times):
                 new = self.balancer.maybe_rebalance(global_step)
                 if new is not None:
@@ -442,6 +505,10 @@ class Trainer:
     # --- evaluation -------------------------------------------------------------------------------------
     def evaluate(self, split):
         """Loss and metrics over a whole split (inference mode), shared among replicas, weighted by samples."""
+        with self._span("evaluate", "eval", always=True, samples=len(split)):
+            return self._evaluate(split)
+
+    def _evaluate(self, split):
         n = len(split)
         mine = np.array_split(np.arange(n), self.nreplicas)[self.rank]
         sums = np.zeros(3 + len(self.metric_fns))       # loss, metrics, samples, and a flag: a read failed
@@ -503,7 +570,8 @@ class Trainer:
             except OSError as e:
                 raise OutputError(f"cannot create the checkpoint folder {folder}: {e.strerror}") from None
             save_checkpoint(path, self.model, self.optimizer, json.loads(json.dumps(meta, default=_jsonable)))
-        raise_together(self.comm, write, f"rank 0 could not write the checkpoint {path}", rank0_only=True)
+        with self._span("checkpoint write", "checkpoint", always=True, path=os.path.basename(path)):
+            raise_together(self.comm, write, f"rank 0 could not write the checkpoint {path}", rank0_only=True)
 
     def resume(self, path, keep_split=True, learning_rate=None, restore_optimizer=True):
         """Restore the state of a checkpoint (configuration stays the command line's).

@@ -1,0 +1,58 @@
+"""Keras-style callbacks: objects the training loop calls at fixed points.
+
+    from pydtnn.callbacks import Callback
+
+    class LossLog(Callback):
+        def on_batch_end(self, trainer, step, logs):
+            print(step, logs["loss"], logs["learning_rate"])
+
+Every hook is optional: the base class makes each one a no-op, and the loop also accepts an object of any
+class that defines only some of them (`call`). `trainer` is the `pydtnn.trainer.Trainer` running the loop
+(`model`, `optimizer`, `steps_per_epoch`, `history`, `log`; set `trainer.stop_training = True` to stop after
+the current epoch). Every rank runs the same callbacks on the same (reduced) logs.
+
+- `on_train_begin(trainer)`, `on_train_end(trainer)`;
+- `on_epoch_begin(trainer, epoch)`, `on_epoch_end(trainer, epoch, logs)` (epoch 0-based; logs: the epoch's
+  history row: loss, metrics, val_*, learning_rate, time_s, ...);
+- `on_batch_begin(trainer, step)`, `on_batch_end(trainer, step, logs)` (step: the global step, 0-based,
+  counted over epochs; logs: the global batch's mean `loss`, its metrics, the `learning_rate` the step used
+  and `batch_size`).
+
+The learning-rate schedulers and `model_checkpoint` (`pydtnn.schedulers`) are callbacks too.
+"""
+from __future__ import annotations
+
+HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end", "on_batch_begin", "on_batch_end")
+
+
+class Callback:
+    """Base class: every hook does nothing; override the ones you need."""
+
+    # A callback that writes files runs after the epoch's history row is recorded (a checkpoint then holds it).
+    saves_files = False
+
+    def on_train_begin(self, trainer):
+        pass
+
+    def on_train_end(self, trainer):
+        pass
+
+    def on_epoch_begin(self, trainer, epoch):
+        pass
+
+    def on_epoch_end(self, trainer, epoch, logs):
+        pass
+
+    def on_batch_begin(self, trainer, step):
+        pass
+
+    def on_batch_end(self, trainer, step, logs):
+        pass
+
+
+def call(callbacks, hook, *args):
+    """Call `hook` on every callback that has it, in order (a Keras-like object may define only some)."""
+    for cb in callbacks:
+        method = getattr(cb, hook, None)
+        if method is not None:
+            method(*args)
