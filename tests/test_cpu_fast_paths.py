@@ -133,3 +133,29 @@ def test_float32_kernels_agree_with_float64():
     l32, _ = be32.layernorm_forward(x64.astype(np.float32), g.astype(np.float32), b.astype(np.float32), 1e-5)
     l64, _ = be64.layernorm_forward(x64, g, b, 1e-5)
     np.testing.assert_allclose(l32, l64, rtol=1e-5, atol=1e-5)
+
+
+# --- 1x1 convolutions on small images: one whole-batch GEMM (`CPUBackend._pointwise`) -------------------
+
+@pytest.mark.parametrize("hw", [(2, 2), (3, 5), (4, 4)])
+def test_pointwise_convolution_on_small_images(hw):
+    from pydtnn.backends import ConvSpec
+    from pydtnn.layers import Conv2D
+    from pydtnn.testing import check_gradients
+    rng = np.random.default_rng(6)
+    be = _backend("float64", 2)
+    c, k = 6, 5
+    spec = ConvSpec(c, k, (1, 1), (1, 1), (0, 0), (1, 1))
+    assert be._pointwise(spec, *hw)
+    x, w, b = rng.standard_normal((3,) + hw + (c,)), rng.standard_normal((k, c, 1, 1)), rng.standard_normal(k)
+    y, ctx = be.conv2d_forward(x, w, b, spec)
+    # sums of c = 6 products in float64: errors ~ 6 eps |x| |w|, far below 1e-12
+    np.testing.assert_allclose(y, np.einsum("nhwc,kc->nhwk", x, w[:, :, 0, 0]) + b, rtol=1e-12, atol=1e-12)
+    dy = rng.standard_normal(y.shape)
+    np.testing.assert_allclose(be.conv2d_backward_data(dy, w, ctx, spec), np.einsum("nhwk,kc->nhwc", dy, w[:, :, 0, 0]),
+                               rtol=1e-12, atol=1e-12)
+    dw, db = be.conv2d_backward_weights(dy, ctx, spec, True)
+    np.testing.assert_allclose(dw[:, :, 0, 0], np.einsum("nhwk,nhwc->kc", dy, x), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(db, dy.sum((0, 1, 2)), rtol=1e-12, atol=1e-12)
+    errors = check_gradients(Conv2D(k, 1), (c,) + hw, backend=be, batch_size=3)
+    assert errors and max(errors.values()) <= 1e-6

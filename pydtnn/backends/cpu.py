@@ -56,6 +56,9 @@ def _use_fold(ho, wo, k) -> bool:
 
 # Below this many elements a kernel runs on the calling thread only (a hand-off to a worker costs ~15 us).
 _PARALLEL_MIN = 32768
+# `_pointwise`: 1x1 convolutions on images of at most this many pixels (4x4) run as one whole-batch GEMM
+# (measured 1.3-7x faster on 4x4 and 2x2 images, mixed on 8x8, slower on 32x32)
+_POINTWISE_MAX_HW = 16
 _CPUS = os.cpu_count() or 1
 
 
@@ -193,9 +196,21 @@ class CPUBackend(Backend):
         if self._winograd(spec, h, wd):
             self._wino_fwd(x, self._wino_filters(w), bias, y, spec.padding)
             return y, (x,)
+        if self._pointwise(spec, ho, wo):
+            self.matmul(x.reshape(-1, c), self._c(np.asarray(w)[:, :, 0, 0]).T, out=y.reshape(-1, k))
+            if b is not None:
+                y += bias
+            return y, (x,)
         wt = self._c(np.asarray(w).transpose(2, 3, 1, 0)).reshape(-1)       # (kh, kw, C, K)
         self._conv_fwd_core(x, wt, bias, y, spec, n, h, wd, c, k, ho, wo)
         return y, (x,)
+
+    def _pointwise(self, spec: ConvSpec, ho, wo) -> bool:
+        """A 1x1 stride-1 convolution on small images: one GEMM over the whole batch's pixels. The row
+        blocks of `_cpu_conv` stay within an image, and on 2x2 or 4x4 images each block's thin GEMM reads
+        all the weights again (MobileNet's 1024 -> 1024 on 2x2: 13 GFLOP/s)."""
+        (kh, kw), (sh, sw), (ph, pw) = spec.kernel, spec.stride, spec.padding
+        return (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and spec.groups == 1 and ho * wo <= _POINTWISE_MAX_HW
 
     def _planes(self, spec: ConvSpec) -> bool:
         """Very few channels: the BLAS-free plane kernels (`_cpu_planes`), unless Winograd is forced."""
@@ -279,6 +294,9 @@ class CPUBackend(Backend):
             return dx
         if not self.use_blas_kernels:
             return self._bwd_data_numpy(dy, self._c(w), spec, x.shape, ho, wo)
+        if self._pointwise(spec, ho, wo):
+            self.matmul(dy.reshape(-1, k), self._c(w[:, :, 0, 0]), out=dx.reshape(-1, c))
+            return dx
         pth, ptw = dh * (kh - 1) - ph, dw * (kw - 1) - pw
         if self._winograd(spec, h, wd):
             # dx = conv(dy, flipped filter with in/out channels swapped), padding 2 - p (negative: a crop)
@@ -321,6 +339,10 @@ class CPUBackend(Backend):
             return np.ascontiguousarray(dwu, dtype=self.dtype), db
         if self._winograd(spec, h, wd):
             return self._wino_bwd_w(x, dy, spec, with_bias)
+        if self._pointwise(spec, ho, wo):
+            dy2 = dy.reshape(-1, k)
+            dwu = self.matmul(dy2.T, x.reshape(-1, c)).reshape(k, c, 1, 1)
+            return dwu, (dy2.sum(axis=0) if with_bias else None)
         if self._planes(spec):
             nt = self._nt(dy.size)
             acc = np.zeros((nt, k, c, kh, kw))
