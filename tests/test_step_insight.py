@@ -213,3 +213,31 @@ def test_bucket_reductions_overlap_the_backward_pass_and_the_emulated_slowdown_i
         slow = [e for e in mine if e["name"] == "emulated slowdown"]
         # rank 1 at half speed: its 20 samples' pass is padded by 20 x COST
         assert (sum(e["dur"] for e in slow) * 1e-6 == pytest.approx(20 * COST, rel=REL)) if pid == 1 else not slow
+
+
+def test_the_simulators_profile_reads_the_per_layer_trace(tmp_path):
+    """pydtnn.sim's --trace calibration on this trace format: per-layer medians, nested BatchNorm waits left out."""
+    from pydtnn.sim.trace_profile import trace_profile
+    names = ["input", "flatten", "fc", "relu", "fc_1", "relu_1", "fc_2"]        # simplemlp, softmax fused
+    ev = []
+    for step in (2, 3):
+        t = 1e6 * step
+        for i, name in enumerate(names + ["softmax + loss"]):
+            dur = 100.0 * (i + 1) * step
+            ev.append({"name": name, "cat": "forward", "ph": "X", "pid": 0, "tid": 0, "ts": t, "dur": dur,
+                       "args": {"step": step}})
+            if name == "fc":           # a wait nested in a layer's event is not its compute
+                ev.append({"name": "bn_sync forward", "cat": "bn_sync", "ph": "X", "pid": 0, "tid": 0,
+                           "ts": t + 1, "dur": 50.0, "args": {"step": step}})
+            t += dur
+        for i, name in enumerate(reversed(names[1:])):
+            ev.append({"name": name, "cat": "backward", "ph": "X", "pid": 0, "tid": 0, "ts": t, "dur": 10.0 * step,
+                       "args": {"step": step}})
+            t += 10.0 * step
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    prof = trace_profile(str(path), "simplemlp", [32], rank=0)
+    # medians over steps 2 and 3 (the mean of the two), in seconds
+    expected_fwd = [1e-4 * (i + 1) * 2.5 - (5e-5 if name == "fc" else 0.0) for i, name in enumerate(names + ["softmax"])]
+    assert np.allclose(prof.forward_s[:, 0], expected_fwd, rtol=1e-12)
+    assert np.allclose(prof.backward_s[:, 0], [0.0] + [2.5e-5] * 6 + [0.0], rtol=1e-12)

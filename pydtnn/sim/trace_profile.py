@@ -1,7 +1,9 @@
-"""A profile from the launcher's Chrome trace (``--tracer_output trace.json``, pydtnn/trace.py).
+"""A profile from the launcher's Chrome trace (``--tracer_output trace.json``, pydtnn/profiling/timeline.py).
 
-The trace holds, per rank (pid), one "compute" event (forward + backward), one "allreduce" event (the
-wait: idle + transfer) and one "update" event per step. Given the split that was in force (``sizes``),
+The trace holds, per rank (pid) and traced step, every top-level layer's "forward" and "backward" events
+(named as in model.summary(); a fused softmax is "<name> + loss"), synchronized BatchNorm's "bn_sync" waits
+nested in them, one "allreduce" event (the wait: idle + transfer) and one "update" event. A step's compute
+is its layer events less the waits nested in them (older traces: one "compute" event per step). Given the split that was in force (``sizes``),
 rank ``rank``'s median compute per step becomes the device's time at its local batch, shared among the
 layers in proportion to their roofline times (forward 1/3, backward 2/3 of each); per-layer events
 (categories "forward" / "backward" named after the layers) are used instead when the trace has them.
@@ -21,7 +23,7 @@ from pydtnn.sim.collectives import coefficients
 from pydtnn.sim.profile import Network, Profile, read_json
 from pydtnn.sim.roofline import roofline_profile
 
-__all__ = ["trace_profile"]
+__all__ = ["trace_profile", "step_computes"]
 
 
 def _events(path):
@@ -32,6 +34,37 @@ def _events(path):
     return [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
 
 
+def _layer_compute(events, rank):
+    """Rank ``rank``'s per-step compute (its forward and backward events on the main track, less the
+    bn_sync waits nested in them) as {step: [start s, compute s]}, and each layer's durations in seconds
+    by (name, cat)."""
+    mine = [e for e in events if int(e.get("pid", 0)) == rank and int(e.get("tid", 0)) == 0]
+    waits = [e for e in mine if e.get("cat") == "bn_sync"]
+    steps, layers = {}, defaultdict(list)
+    for e in mine:
+        if e.get("cat") not in ("forward", "backward"):
+            continue
+        t0, t1 = float(e.get("ts", 0)), float(e.get("ts", 0)) + float(e.get("dur", 0))
+        nested = sum(float(w["dur"]) for w in waits if t0 <= float(w["ts"]) and float(w["ts"]) + float(w["dur"]) <= t1)
+        seconds = (float(e.get("dur", 0)) - nested) * 1e-6
+        step = steps.setdefault((e.get("args") or {}).get("step", 0), [t0 * 1e-6, 0.0])
+        step[0] = min(step[0], t0 * 1e-6)
+        step[1] += seconds
+        layers[(str(e.get("name")), e.get("cat"))].append(seconds)
+    return steps, layers
+
+
+def step_computes(events, rank=0):
+    """(start s, compute s) of each traced step of ``rank``, in step order: one "compute" event per step
+    (older traces) or the step's layer events less their nested waits."""
+    old = sorted((e for e in events if int(e.get("pid", 0)) == rank and e.get("name") == "compute"),
+                 key=lambda e: e.get("ts", 0))
+    if old:
+        return [(float(e["ts"]) * 1e-6, float(e["dur"]) * 1e-6) for e in old]
+    steps = _layer_compute(events, rank)[0]
+    return [tuple(steps[s]) for s in sorted(steps)]
+
+
 def trace_profile(path, model_name, sizes, rank=0, dtype="float32") -> Profile:
     events = _events(path)
     by = defaultdict(list)                               # (pid, name) -> durations in s, in time order
@@ -40,19 +73,19 @@ def trace_profile(path, model_name, sizes, rank=0, dtype="float32") -> Profile:
     ranks = sorted({pid for pid, _ in by})
     if len(sizes) != len(ranks):
         raise ConfigError(f"--trace_sizes has {len(sizes)} values but the trace has {len(ranks)} rank(s)")
-    compute = by.get((rank, "compute"))
+    compute = [c for _, c in step_computes(events, rank)]
     if not compute:
         raise ConfigError(f"--trace {path}: rank {rank} has no \"compute\" events")
     model = model_table.build(model_name, dtype=dtype)
     base = roofline_profile(model_name, model=model)
     t = float(np.median(compute))
     b = int(sizes[rank])
-    layer_f = [by.get((rank, n)) for n in base.layer_names]
-    cats = {(int(e.get("pid", 0)), str(e.get("name"))): e.get("cat") for e in events}
-    per_layer = all(v for v in layer_f) and all(cats.get((rank, n)) == "forward" for n in base.layer_names)
+    layers = _layer_compute(events, rank)[1]            # (name, cat) -> seconds less nested waits
+    layer_f = [layers.get((n, "forward")) or layers.get((n + " + loss", "forward")) for n in base.layer_names]
+    per_layer = all(v for v in layer_f)
     if per_layer:
         fwd = np.array([[np.median(v)] for v in layer_f])
-        bwd = np.array([[np.median(by.get((rank, n + "/backward"), [0.0]))] for n in base.layer_names])
+        bwd = np.array([[np.median(layers.get((n, "backward"), [0.0]))] for n in base.layer_names])
     else:
         share = (base.forward_s[:, 0] + base.backward_s[:, 0]) / (base.forward_s + base.backward_s).sum()
         fwd, bwd = (t * share / 3.0)[:, None], (2.0 * t * share / 3.0)[:, None]
