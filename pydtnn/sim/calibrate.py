@@ -21,7 +21,6 @@ import numpy as np
 from pydtnn.errors import ConfigError
 from pydtnn.sim import model_table, network_fit
 from pydtnn.sim.profile import Network, Profile
-from pydtnn.sim.trace_profile import read_trace, step_periods
 
 __all__ = ["measure_layers", "measure_network", "calibrate"]
 
@@ -109,9 +108,11 @@ def measure_network(nprocs=2, seconds=20.0, timeout=120.0) -> dict:
 def measure_step_overhead(model_name, batches=(8, 64), steps=20, dataset=None, timeout=300.0):
     """The launcher's own per-step cost outside forward, backward and the reduction (taking the batch,
     targets, metrics, the per-step stats, the optimizer): one-rank launcher runs with --tracing, the
-    median step period (from one step's first event to the next's) minus the median compute, at two
-    local batches (the compute of a step: its layers' forward and backward events). Returns (o0, o1): overhead = o0 + o1 * b seconds per step."""
+    median step period (from one step's first layer event to the next's) minus the median compute (its layer
+    events, `trace_profile.step_computes`), at two
+    local batches. Returns (o0, o1): overhead = o0 + o1 * b seconds per step."""
     from pydtnn.parallel import mpirun
+    from pydtnn.sim.trace_profile import step_computes
     launcher = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                             "scripts", "pydtnn_benchmark.py")
     if not os.path.isfile(launcher):
@@ -125,7 +126,8 @@ def measure_step_overhead(model_name, batches=(8, 64), steps=20, dataset=None, t
             cmd += ["--model", model_name, "--dataset", "synthetic", "--synthetic_samples", str(b * steps),
                     "--parallel", "data", "--global_batch_size", str(b), "--steps_per_epoch", str(steps),
                     "--num_epochs", "1", "--threads_per_replica", "1", "--lr_schedulers", "", "--progress_bar",
-                    "false", "--tracing", "true", "--tracer_output", trace, "--trace_steps", f"1:{steps}", "--seed", "0"]
+                    "false", "--tracing", "true", "--tracer_output", trace, "--trace_steps", f"1:{steps}",
+                    "--seed", "0"]
             try:
                 out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
             except subprocess.TimeoutExpired:
@@ -133,11 +135,9 @@ def measure_step_overhead(model_name, batches=(8, 64), steps=20, dataset=None, t
             if out.returncode != 0:
                 tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
                 raise ConfigError(f"the launcher run of the overhead probe failed: {tail[0]}")
-            traced = step_periods(read_trace(trace))
-            if len(traced) < 3:
-                raise ConfigError("the overhead probe's trace holds fewer than 3 steps")
-            starts = np.array([x[0] for x in traced])
-            durs = np.array([x[1] for x in traced])
+            with open(trace) as f:
+                events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+            starts, durs = (np.array(v) for v in zip(*step_computes(events)))
             period = np.median(np.diff(starts[1:]))               # the first step pays for warm-up
             points.append((b, max(0.0, float(period - np.median(durs[1:])))))
     (b0, t0), (b1, t1) = points
