@@ -16,15 +16,12 @@ their strides; VGG / AlexNet size their first FC layer from the flattened featur
 """
 from __future__ import annotations
 
-import contextlib
 import difflib
-import hashlib
-import importlib.util
 import inspect
 import os
-import sys
 
 from pydtnn.errors import ConfigError, PyDTNNError
+from pydtnn.plugins import importable_folder, load_file, one_line
 
 from . import _common
 from . import (alexnet, autoencoder, densenet, googlenet, inception, mobilenet, resnet, simple,  # noqa: F401
@@ -70,56 +67,18 @@ def is_model_file(name_or_path) -> bool:
     return text.endswith(".py") or os.sep in text or (os.altsep is not None and os.altsep in text)
 
 
-@contextlib.contextmanager
-def _importable_folder(folder):
-    """Put `folder` first on sys.path for the duration (a model file's `import mylayers` finds its
-    neighbour), then take off exactly the entry added: nothing leaks to later imports."""
-    added = folder not in sys.path
-    if added:
-        sys.path.insert(0, folder)
-    try:
-        yield
-    finally:
-        if added:
-            try:
-                sys.path.remove(folder)
-            except ValueError:       # the model file took it off itself
-                pass
-
-
 def load_model_file(path):
     """Import a user's model file and return its `create_model` function (ConfigError naming the file).
 
     The file's folder is importable while the file runs, so it may import modules beside it.
     """
     path = os.path.abspath(os.fspath(path))
-    if not os.path.isfile(path):
-        raise ConfigError(f"model file {path} does not exist")
-    module_name = "pydtnn_user_model_" + hashlib.sha1(path.encode()).hexdigest()[:12]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"model file {path} cannot be imported as Python (is it a .py file?)")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        with _importable_folder(os.path.dirname(path)):
-            spec.loader.exec_module(module)
-    except (SyntaxError, ImportError, PyDTNNError) as e:     # not Python, a missing module: one line
-        sys.modules.pop(module_name, None)
-        where = f" (line {e.lineno})" if isinstance(e, SyntaxError) and e.lineno else ""
-        raise ConfigError(f"model file {path} failed to load{where}: {type(e).__name__}: {_one_line(e)}") from e
-    except BaseException:          # a bug in the file's own code keeps its traceback
-        sys.modules.pop(module_name, None)
-        raise
+    # not Python, a missing module: one line; a bug in the file's own code keeps its traceback
+    module = load_file(path, "model file", errors=(SyntaxError, ImportError, PyDTNNError))
     create = getattr(module, "create_model", None)
     if not callable(create):
         raise ConfigError(f"model file {path} does not define create_model(model)")
     return create
-
-
-def _one_line(e) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else "(no message)"
 
 
 def _build_from_file(path, model, nclasses, input_shape):
@@ -135,14 +94,14 @@ def _build_from_file(path, model, nclasses, input_shape):
     if input_shape is not None and "input_shape" in params:
         kwargs["input_shape"] = _common.check_input_shape(input_shape, f"model file {path}")
     try:
-        with _importable_folder(os.path.dirname(path)):     # create_model may import lazily too
+        with importable_folder(os.path.dirname(path)):     # create_model may import lazily too
             create(model, **kwargs)
     except PyDTNNError as e:
         # a user's mistake the project detected (a shape that does not fit...): one line naming the file.
         # Anything else raised in create_model or in a layer's build/initialize is a bug in that code and
         # keeps its traceback.
         kind = type(e).__name__
-        raise type(e)(f"model file {path}: create_model failed: {kind}: {_one_line(e)}") from e
+        raise type(e)(f"model file {path}: create_model failed: {kind}: {one_line(e)}") from e
     if not model.layers:
         raise ConfigError(f"model file {path}: create_model added no layers to the model")
     if input_shape is not None and tuple(model.input_shape) != tuple(input_shape):

@@ -217,16 +217,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--parallel", default="sequential", choices=["sequential", "data"])
     g.add_argument("--non_blocking_mpi", type=B, default=False,
                    help="reduce gradients in reverse-order buckets with Iallreduce, overlapped with backward")
-    g.add_argument("--balance", default="none", choices=["none", "static", "dynamic"],
-                   help="split of the global batch: equal; proportional to --replica_speeds (or to probed "
-                        "speeds); or re-measured and re-split during training")
+    g.add_argument("--balance", default="none",
+                   help="split of the global batch: none (equal); static: proportional to --replica_speeds (or to "
+                        "probed speeds); dynamic: re-measured and re-split during training; or a user's "
+                        "BalancePolicy, FILE.py:CLASS or module:CLASS (pydtnn.parallel.balance)")
     g.add_argument("--replica_speeds", type=float_list, default=None, help="v1,v2,... relative replica speeds")
     g.add_argument("--max_local_batch", type=positive_int_list, default=None,
                    help="memory caps: the most samples a replica may hold, one value for all or one per replica; "
                         "the split stays proportional to speed below the caps and spills the excess to the others")
     g.add_argument("--rebalance_interval", type=positive_int, default=20, help="dynamic: steps between re-splits")
-    g.add_argument("--gradient_weighting", default="proportional", choices=["proportional", "uniform"],
-                   help="proportional: w_i = b_i/B (the exact global-batch gradient); uniform: w_i = 1/P")
+    g.add_argument("--gradient_weighting", default="proportional",
+                   help="proportional: w_i = b_i/B (the exact global-batch gradient); uniform: w_i = 1/P; or a "
+                        "user's FILE.py:FUNCTION (or module:FUNCTION) weights(sizes) -> list of w_i")
     g.add_argument("--sync_batchnorm", type=B, default=False,
                    help="BatchNormalization in training uses the global batch's statistics, summed over the "
                         "replicas with their own b_i (exact for unequal splits; two small allreduces per layer)")
@@ -363,11 +365,16 @@ def run(p, given=None):
         raise ConfigError("--replica_speeds is used by --parallel data --balance static only")
     if p.parallel == "data" and p.balance == "static" and p.replica_speeds and len(p.replica_speeds) != P:
         raise ConfigError(f"--replica_speeds has {len(p.replica_speeds)} values for {P} replicas")
+    from pydtnn.parallel.policies import make_policy
+    from pydtnn.parallel.weighting import make_weighting
+    policy = make_policy(p.balance if p.parallel == "data" else "none", speeds=p.replica_speeds,
+                         interval=p.rebalance_interval)      # a user's file: refused before any work
+    weighting = make_weighting(p.gradient_weighting)
     if p.emulate_speeds and len(p.emulate_speeds) != P:
         raise ConfigError(f"--emulate_speeds has {len(p.emulate_speeds)} values for {P} replicas")
     if p.download:
         _download_on_rank0(p, comm)
-    local = raise_together(comm, lambda: _build_local(p, devices, P, rank),
+    local = raise_together(comm, lambda: _build_local(p, devices, P, rank, policy),
                            "another rank could not set up its device, model or data")
     model, dataset, B, sizes, caps = local.model, local.dataset, local.global_batch, local.sizes, local.caps
     if p.enable_nccl and P > 1:
@@ -396,8 +403,7 @@ def run(p, given=None):
     from pydtnn.losses import get_loss
     loss = get_loss(p.loss_func, label_smoothing=p.label_smoothing)
     trainer = Trainer(model, dataset, optimizer, loss=loss, metrics=metrics, comm=comm, global_batch=B,
-                      sizes=sizes, gradient_weighting=p.gradient_weighting, balance_mode=p.balance,
-                      rebalance_interval=p.rebalance_interval, emulate_speed=emulate, emulate_spin=emulate_spin,
+                      sizes=sizes, gradient_weighting=weighting, policy=policy, emulate_speed=emulate, emulate_spin=emulate_spin,
                       emulate_reference=emulate_reference,
                       non_blocking=p.non_blocking_mpi, steps_per_epoch=p.steps_per_epoch, seed=p.seed,
                       schedulers=schedulers, history_file=p.history_file, progress=p.progress_bar,
@@ -411,12 +417,11 @@ def run(p, given=None):
             load_weights(p.weights_and_bias_filename, model)
         if p.resume:
             # a measured split (probe or dynamic) continues from the checkpoint; one given by flags is the flags'
-            trainer.resume(p.resume, keep_split=p.balance == "dynamic" or (p.balance == "static" and not p.replica_speeds),
+            trainer.resume(p.resume, keep_split=trainer.policy.measured,
                            learning_rate=rate if "learning_rate" in anew else None,
                            restore_optimizer="optimizer_name" not in anew)
     raise_together(comm, restore, "another rank could not read its weights or checkpoint")
-    if p.parallel == "data" and p.balance == "static" and not p.replica_speeds and not trainer.restored_split:
-        trainer.sizes = _probe_sizes(trainer, B, P, caps)
+    trainer.probe_split()
 
     if rank == 0:
         _print_params(p, P)
@@ -477,7 +482,7 @@ def run(p, given=None):
     return 0
 
 
-def _build_local(p, devices, P, rank):
+def _build_local(p, devices, P, rank, policy):
     """What each rank builds on its own, without communicating: its backend, the model, its copy of the
     dataset, the split of the global batch; and the checks that need them."""
     import types
@@ -533,17 +538,13 @@ def _build_local(p, devices, P, rank):
         raise ConfigError(f"model {p.model_name} gives outputs of shape {tuple(model.output_shape)} but dataset "
                           f"{p.dataset_name} has {what}{hint}")
 
-    # the global batch and its split
-    if p.parallel == "data":
-        B = p.global_batch_size or p.batch_size * P
-        caps = balance.caps_for(p.max_local_batch, P)
-        speeds = p.replica_speeds if p.balance == "static" and p.replica_speeds else [1.0] * P
-    else:
-        B = p.global_batch_size or p.batch_size
-        caps = balance.caps_for(p.max_local_batch, 1)
-        speeds = [1.0]
+    # the global batch and its split (a policy: pydtnn.parallel.policies)
+    n = P if p.parallel == "data" else 1
+    B = p.global_batch_size or p.batch_size * n
+    caps = balance.caps_for(p.max_local_batch, n)
     config_checks.check_against_data(p, dataset, B)
-    sizes = balance.partition(B, speeds, caps)
+    sizes = balance.check_split(policy.initial_sizes(B, n, caps), B, n, caps, f"balance policy {policy.name}")
+    policy.sizes = list(sizes)
     _check_batch_fits(model, sizes, len(dataset.train), p)
     return types.SimpleNamespace(model=model, dataset=dataset, global_batch=B, sizes=sizes, caps=caps,
                                  options=options)
@@ -616,28 +617,6 @@ def _download_on_rank0(p, comm):
     raise_together(comm, lambda: load_dataset(p.dataset_name, train_path=p.dataset_train_path,
                                               test_path=p.dataset_test_path, download=True),
                    "the dataset download failed on rank 0", rank0_only=True)
-
-
-def _probe_sizes(trainer, B, P, caps=None):
-    """--balance static without --replica_speeds: time a few local steps and split B by measured speed."""
-    from pydtnn.model import as_targets
-    from pydtnn.parallel import balance
-    model = trainer.model
-    b = max(1, min(B // P, min(caps) if caps else B))
-    from pydtnn.parallel.comm import raise_together
-    idx = trainer.dataset.train.epoch_order(trainer.seed, 0)[:b]
-    x, labels = raise_together(trainer.comm, lambda: trainer.dataset.train.take(idx),
-                               "another rank could not read the speed probe's samples")
-    y = as_targets(labels, trainer.nclasses, model.dtype)
-    step = lambda: trainer._local_gradients(x, y, 1.0, overlap=False)
-    with trainer.side_passes():       # each rank times its own number of steps: no BatchNorm collectives
-        step()                                    # first call: allocations, compilation
-        t0 = time.perf_counter()
-        step()
-        once = max(time.perf_counter() - t0, 1e-6)
-        k = max(5, min(100, math.ceil(0.3 / once)))   # at least ~0.3 s of timed steps: short probes are noisy
-        speeds = balance.probe_speeds(step, trainer.comm, k=k, samples_per_call=len(idx))
-    return balance.partition(B, speeds.tolist(), caps)
 
 
 def _print_eval(trainer, split, what, rank):

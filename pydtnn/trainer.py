@@ -44,7 +44,9 @@ from pydtnn.outputs import atomic_write
 from pydtnn.parallel import balance
 from pydtnn.parallel.comm import BucketedReducer, SerialComm, agree_on_error, raise_together
 from pydtnn.parallel.emulation import SpeedEmulator
+from pydtnn.parallel.policies import make_policy
 from pydtnn.parallel.sync_batchnorm import BatchNormSync
+from pydtnn.parallel.weighting import make_weighting
 from pydtnn.prefetch import BatchPrefetcher
 from pydtnn.progress import progress
 from pydtnn.trace import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
@@ -70,7 +72,7 @@ class Trainer:
                  history_file=None, progress=True, eval_batch_size=None, tracer_output=None, log=None,
                  flags=None, checkpoint_dir="checkpoints", save_steps=0, save_minutes=0.0, handle_signals=False,
                  clip_grad_norm=0.0, sync_batchnorm=False, max_local_batch=None, clock=time.monotonic,
-                 callbacks=()):
+                 callbacks=(), policy=None):
         self.model, self.dataset, self.optimizer = model, dataset, optimizer
         self.callbacks = list(callbacks)   # a user's (pydtnn.callbacks); the schedulers are callbacks too
         self.clip_grad_norm = check_max_norm(clip_grad_norm)
@@ -82,18 +84,15 @@ class Trainer:
         self.rank, self.nreplicas = self.comm.rank, self.comm.size
         self.global_batch = int(global_batch)
         self.caps = balance.caps_for(max_local_batch, self.nreplicas)     # memory caps b_i <= cap_i
-        self.sizes = (list(sizes) if sizes is not None else
-                      balance.partition(self.global_batch, [1] * self.nreplicas, self.caps))
-        if self.caps and any(b > c for b, c in zip(self.sizes, self.caps)):
-            raise ConfigError(f"local batch sizes {self.sizes} exceed the caps {self.caps} (--max_local_batch)")
-        if gradient_weighting not in balance.WEIGHTING_MODES:
-            raise ConfigError(f"--gradient_weighting must be one of {', '.join(balance.WEIGHTING_MODES)}, "
-                              f"got {gradient_weighting!r}")
+        # the split: a BalancePolicy (pydtnn.parallel.policies; `balance_mode` names a built-in one)
+        self.policy = make_policy(policy if policy is not None else
+                                  ("dynamic" if balance_mode == "dynamic" else "none"), interval=rebalance_interval)
+        if sizes is None or self.policy.sizes is None:
+            proposed = self._checked_split(self.policy.initial_sizes(self.global_batch, self.nreplicas, self.caps))
+        self._adopt_split(proposed if sizes is None else
+                          balance.check_split(sizes, self.global_batch, self.nreplicas, self.caps, "local batch sizes"))
         self.gradient_weighting = gradient_weighting
-        self.balancer = None
-        if balance_mode == "dynamic":
-            self.balancer = balance.DynamicBalancer(self.global_batch, self.nreplicas, interval=rebalance_interval,
-                                                    initial_sizes=self.sizes, caps=self.caps)
+        self.weights = make_weighting(gradient_weighting)      # weights(sizes) -> every replica's w_i
         self.emulator = SpeedEmulator(emulate_speed, spin=emulate_spin)
         self.emulate_reference = list(emulate_reference)      # ranks at full speed: the emulation follows them
         self.steps_per_epoch_arg = int(steps_per_epoch)
@@ -217,7 +216,7 @@ class Trainer:
         (x, y_host), data_error = self._batch(indices, epoch, next_indices)
         y = self.model.backend.asarray(y_host)          # one copy to the device
         step_total = sum(step_sizes)
-        weight = b_i / step_total if self.gradient_weighting == "proportional" else 1.0 / self.nreplicas
+        weight = self.weights(step_sizes)[self.rank]
         self._calibrate_emulation(x, y, weight)          # before the timer: not this step's compute
         self.timer.start_step(b_i)
         with self.timer.compute():
@@ -251,6 +250,41 @@ class Trainer:
         self.stop_requested = bool(stats[-2] > 0)
         self.save_requested = bool(stats[-1] > 0)
         return stats[:len(local)], times
+
+    def _checked_split(self, sizes):
+        return balance.check_split(sizes, self.global_batch, self.nreplicas, self.caps,
+                                   f"balance policy {self.policy.name}")
+
+    def _adopt_split(self, sizes):
+        """The split in force from now on (the policy sees it as `policy.sizes`)."""
+        self.sizes = list(sizes)
+        self.policy.sizes = list(sizes)
+
+    def probe_split(self):
+        """A policy that asks for it (probe: --balance static without --replica_speeds) gets every replica's
+        speed, timed on a few local steps, and splits by it; nothing when the split came from a checkpoint."""
+        if not self.policy.wants_probe or self.restored_split:
+            return
+        new = self.policy.probed(self.global_batch, self._probe_speeds(), self.caps)
+        if new is not None:
+            self._adopt_split(self._checked_split(new))
+
+    def _probe_speeds(self):
+        """Samples/s of every replica (the same list on every rank), from local steps that leave no trace."""
+        B, P, caps = self.global_batch, self.nreplicas, self.caps
+        b = max(1, min(B // P, min(caps) if caps else B))
+        idx = self.dataset.train.epoch_order(self.seed, 0)[:b]
+        x, labels = raise_together(self.comm, lambda: self.dataset.train.take(idx),
+                                   "another rank could not read the speed probe's samples")
+        y = as_targets(labels, self.nclasses, self.model.dtype)
+        step = lambda: self._local_gradients(x, y, 1.0, overlap=False)      # noqa: E731
+        with self.side_passes():       # each rank times its own number of steps: no BatchNorm collectives
+            step()                                    # first call: allocations, compilation
+            t0 = time.perf_counter()
+            step()
+            once = max(time.perf_counter() - t0, 1e-6)
+            k = max(5, min(100, math.ceil(0.3 / once)))   # at least ~0.3 s of timed steps: short probes are noisy
+            return balance.probe_speeds(step, self.comm, k=k, samples_per_call=len(idx)).tolist()
 
     def _checkpoint_due_by_time(self):
         return self.save_minutes > 0 and self.clock() - self._last_save_t >= 60.0 * self.save_minutes
@@ -383,10 +417,9 @@ class Trainer:
             call(callbacks, "on_batch_end", self, global_step,
                  {"loss": float(means[0]), **{m: float(v) for m, v in zip(self.metric_names, means[1:])},
                   "learning_rate": rate, "batch_size": step_total})
-            if self.balancer is not None and self.balancer.observe(times):
-                new = self.balancer.maybe_rebalance(global_step)
-                if new is not None:
-                    self.sizes = new
+            new = self.policy.after_step(global_step, [float(t) for t in times])
+            if new is not None:
+                self._adopt_split(self._checked_split(new))
             last = step + 1 == self.steps_per_epoch
             if not last and (self.stop_requested or self.save_requested or self._cadence_due(epoch, step)):
                 if bar is not None and self.stop_requested:
@@ -502,8 +535,8 @@ class Trainer:
             meta = {"epoch": int(epoch), "step": int(step), "nreplicas": self.nreplicas,
                     "sizes": list(map(int, self.sizes)), "rng_states": rng_states, "seed": self.seed,
                     "history": self.history, "schedulers": [[s.name, s.state_dict()] for s in self.schedulers],
-                    "balancer": None if self.balancer is None else
-                    {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in self.balancer.state_dict().items()},
+                    "balancer": None, "balance_policy": self.policy.name,
+                    self.policy.checkpoint_key: self.policy.state_dict() or None,
                     "partial_epoch": partial, "flags": self.flags}
             folder = os.path.dirname(os.path.abspath(path))
             try:
@@ -551,18 +584,18 @@ class Trainer:
                     s.load_state_dict(saved[s.name])
                 except ConfigError as e:
                     raise CheckpointError(f"checkpoint {path}: metadata field 'schedulers': {e}") from None
-        if self.balancer is not None and meta["balancer"] is not None:
-            if same_layout and len(meta["balancer"]["ema"]) in (0, self.nreplicas):
+        key = self.policy.checkpoint_key
+        state = meta.get(key)
+        if state is not None and meta.get("balance_policy", self.policy.name) == self.policy.name:
+            if same_layout:
                 try:
-                    self.balancer.load_state_dict({k: np.asarray(v) if isinstance(v, list) else v
-                                                   for k, v in meta["balancer"].items()})
-                except (ConfigError, ValueError) as e:
-                    raise CheckpointError(f"checkpoint {path}: metadata field 'balancer': {e}") from None
-                self.sizes = self.balancer.sizes = self._within_caps(list(self.balancer.sizes))
-                self.restored_split = True
+                    self.policy.load_state_dict(state)
+                except (ConfigError, ValueError, KeyError, TypeError) as e:
+                    raise CheckpointError(f"checkpoint {path}: metadata field '{key}': {e}") from None
             else:
-                self.log(f"resume: the dynamic balancer's measurements of {meta['nreplicas']} replica(s) do not "
-                         f"apply to {self.nreplicas}; starting from {self.sizes} and re-measuring")
+                self.log(f"resume: the {self.policy.name} policy's measurements of {meta['nreplicas']} replica(s) "
+                         f"do not apply to {self.nreplicas}; starting from {self.sizes} and re-measuring")
+        self._adopt_split(self.sizes)
         if learning_rate is not None:
             self.optimizer.learning_rate = float(learning_rate)
             for s in self.schedulers:
