@@ -34,19 +34,16 @@ import numpy as np
 
 from pydtnn.callbacks import call
 from pydtnn.checkpoint import load_checkpoint, save_checkpoint
-from pydtnn.clipping import check_max_norm, clip_by_global_norm
 from pydtnn.errors import CheckpointError, ConfigError, NumericalError, OutputError, PyDTNNError
-from pydtnn.layers.batchnorm import BatchNormalization
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
 from pydtnn.model import as_targets
 from pydtnn.outputs import atomic_write
 from pydtnn.parallel import balance
-from pydtnn.parallel.comm import BucketedReducer, SerialComm, agree_on_error, raise_together
+from pydtnn.parallel.comm import SerialComm, agree_on_error, raise_together
+from pydtnn.parallel.data_parallel import DataParallel
 from pydtnn.parallel.emulation import SpeedEmulator
 from pydtnn.parallel.policies import make_policy
-from pydtnn.parallel.sync_batchnorm import BatchNormSync
-from pydtnn.parallel.weighting import make_weighting
 from pydtnn.prefetch import BatchPrefetcher
 from pydtnn.progress import progress
 from pydtnn.trace import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
@@ -75,24 +72,23 @@ class Trainer:
                  callbacks=(), policy=None):
         self.model, self.dataset, self.optimizer = model, dataset, optimizer
         self.callbacks = list(callbacks)   # a user's (pydtnn.callbacks); the schedulers are callbacks too
-        self.clip_grad_norm = check_max_norm(clip_grad_norm)
-        self.clipped_steps = 0         # steps whose reduced gradient was clipped (same count on every rank)
         self.loss = get_loss(loss)
         self.metric_names = list(metrics)
         self.metric_fns = [get_metric(m) for m in self.metric_names]
         self.comm = comm or SerialComm()
         self.rank, self.nreplicas = self.comm.rank, self.comm.size
         self.global_batch = int(global_batch)
-        self.caps = balance.caps_for(max_local_batch, self.nreplicas)     # memory caps b_i <= cap_i
-        # the split: a BalancePolicy (pydtnn.parallel.policies; `balance_mode` names a built-in one)
-        self.policy = make_policy(policy if policy is not None else
-                                  ("dynamic" if balance_mode == "dynamic" else "none"), interval=rebalance_interval)
-        if sizes is None or self.policy.sizes is None:
-            proposed = self._checked_split(self.policy.initial_sizes(self.global_batch, self.nreplicas, self.caps))
-        self._adopt_split(proposed if sizes is None else
-                          balance.check_split(sizes, self.global_batch, self.nreplicas, self.caps, "local batch sizes"))
         self.gradient_weighting = gradient_weighting
-        self.weights = make_weighting(gradient_weighting)      # weights(sizes) -> every replica's w_i
+        # the step's engine: split (a BalancePolicy; `balance_mode` names a built-in one), weighting,
+        # reduction, synchronized BatchNorm, clipping, update
+        self.dp = DataParallel(model, optimizer, global_batch=self.global_batch, comm=self.comm, sizes=sizes,
+                               policy=policy if policy is not None else
+                               make_policy("dynamic" if balance_mode == "dynamic" else "none",
+                                           interval=rebalance_interval),
+                               weighting=gradient_weighting, loss=self.loss, caps=max_local_batch,
+                               non_blocking=non_blocking, sync_batchnorm=sync_batchnorm, clip_grad_norm=clip_grad_norm)
+        self.caps, self.policy, self.reducer = self.dp.caps, self.dp.policy, self.dp.reducer
+        self.sync_batchnorm = self.dp.sync_batchnorm
         self.emulator = SpeedEmulator(emulate_speed, spin=emulate_spin)
         self.emulate_reference = list(emulate_reference)      # ranks at full speed: the emulation follows them
         self.steps_per_epoch_arg = int(steps_per_epoch)
@@ -132,25 +128,15 @@ class Trainer:
         self.timeline = Timeline(self.rank, enabled=bool(tracer_output))
         self.tracer_output = tracer_output
         self.timer = StepTimer(self.stats, self.timeline if tracer_output else None)
-        self.reducer = BucketedReducer(self.comm, model.grads) if non_blocking and self.nreplicas > 1 else None
-        # --sync_batchnorm: BatchNorm layers use the global batch's statistics (one process: nothing to sync)
-        self.sync_batchnorm = bool(sync_batchnorm) and self.nreplicas > 1
-        self._bn_sync = BatchNormSync(self.comm) if self.sync_batchnorm else None
         self._side_depth = 0
-        self._set_batchnorm_sync(self._bn_sync)
-        # replicas start from the same weights (upstream trusted equal seeds)
-        self.comm.bcast_(model.params, root=0)
-        for arr in self._running_stats():
-            self.comm.bcast_(arr, root=0)
+
+    # the split in force and the clipping count live in the engine (self.dp)
+    sizes = property(lambda self: self.dp.sizes, lambda self, sizes: self.dp.adopt(sizes))
+    clipped_steps = property(lambda self: self.dp.clipped_steps)
 
     # --- one step ---------------------------------------------------------------------------------------
     def _running_stats(self):
-        return [a for layer in self.model.all_layers() for a in layer.state_arrays().values()]
-
-    def _set_batchnorm_sync(self, sync):
-        for layer in self.model.all_layers():
-            if isinstance(layer, BatchNormalization):
-                layer.sync = sync
+        return self.dp.running_stats()
 
     @contextlib.contextmanager
     def side_passes(self):
@@ -161,13 +147,13 @@ class Trainer:
         rng_state = rng.bit_generator.state if hasattr(rng, "bit_generator") else None
         grads = self.model.grads.copy()
         self._side_depth += 1                 # nested (a probe's first pass calibrates the emulation)
-        self._set_batchnorm_sync(None)
+        self.dp.sync_batchnorm_layers(False)
         try:
             yield
         finally:
             self._side_depth -= 1
             if not self._side_depth:
-                self._set_batchnorm_sync(self._bn_sync)
+                self.dp.sync_batchnorm_layers(True)
             for a, s in zip(self._running_stats(), saved):
                 a[...] = s
             if rng_state is not None:
@@ -188,12 +174,7 @@ class Trainer:
     def _local_gradients(self, x, y, weight, overlap=True):
         self._calibrate_emulation(x, y, weight)          # a speed probe's first pass
         start = self.emulator.clock()
-        hook = None
-        if self.reducer is not None and overlap:
-            self.reducer.start_step()
-            hook = self.reducer.ready
-        value, y_pred = self.model.compute_gradients(x, y, self.loss, loss_scale=weight, on_grads_ready=hook)
-        self.model.backend.synchronize()
+        value, y_pred = self.dp.local_gradients(x, y, weight, overlap)
         self.emulator.pad(start, len(x))
         return value, y_pred
 
@@ -216,20 +197,15 @@ class Trainer:
         (x, y_host), data_error = self._batch(indices, epoch, next_indices)
         y = self.model.backend.asarray(y_host)          # one copy to the device
         step_total = sum(step_sizes)
-        weight = self.weights(step_sizes)[self.rank]
+        weight = self.dp.weight(step_sizes)
         self._calibrate_emulation(x, y, weight)          # before the timer: not this step's compute
         self.timer.start_step(b_i)
         with self.timer.compute():
             value, y_pred = self._local_gradients(x, y, weight)
         with self.timer.wait():
-            if self.reducer is not None:
-                self.reducer.finish()
-            elif self.nreplicas > 1:
-                self.comm.allreduce_sum_(self.model.grads)
+            self.dp.reduce()
         with self.timer.phase("update"):
-            if self.clip_grad_norm:    # on the reduced gradient: every replica clips the same buffer alike
-                self.clipped_steps += clip_by_global_norm(self.model.grads, self.clip_grad_norm)[1]
-            self.optimizer.step(self.model.params, self.model.grads)
+            self.dp.update()
         self.timer.end_step()
         # reported loss and metrics are weighted by b_i whatever the gradient weighting
         local = [value] + [f(y_pred, y) for f in self.metric_fns]
@@ -251,15 +227,6 @@ class Trainer:
         self.save_requested = bool(stats[-1] > 0)
         return stats[:len(local)], times
 
-    def _checked_split(self, sizes):
-        return balance.check_split(sizes, self.global_batch, self.nreplicas, self.caps,
-                                   f"balance policy {self.policy.name}")
-
-    def _adopt_split(self, sizes):
-        """The split in force from now on (the policy sees it as `policy.sizes`)."""
-        self.sizes = list(sizes)
-        self.policy.sizes = list(sizes)
-
     def probe_split(self):
         """A policy that asks for it (probe: --balance static without --replica_speeds) gets every replica's
         speed, timed on a few local steps, and splits by it; nothing when the split came from a checkpoint."""
@@ -267,7 +234,7 @@ class Trainer:
             return
         new = self.policy.probed(self.global_batch, self._probe_speeds(), self.caps)
         if new is not None:
-            self._adopt_split(self._checked_split(new))
+            self.dp.adopt(self.dp.checked(new))
 
     def _probe_speeds(self):
         """Samples/s of every replica (the same list on every rank), from local steps that leave no trace."""
@@ -417,9 +384,7 @@ class Trainer:
             call(callbacks, "on_batch_end", self, global_step,
                  {"loss": float(means[0]), **{m: float(v) for m, v in zip(self.metric_names, means[1:])},
                   "learning_rate": rate, "batch_size": step_total})
-            new = self.policy.after_step(global_step, [float(t) for t in times])
-            if new is not None:
-                self._adopt_split(self._checked_split(new))
+            self.dp.after_step(global_step, times)
             last = step + 1 == self.steps_per_epoch
             if not last and (self.stop_requested or self.save_requested or self._cadence_due(epoch, step)):
                 if bar is not None and self.stop_requested:
@@ -595,7 +560,7 @@ class Trainer:
             else:
                 self.log(f"resume: the {self.policy.name} policy's measurements of {meta['nreplicas']} replica(s) "
                          f"do not apply to {self.nreplicas}; starting from {self.sizes} and re-measuring")
-        self._adopt_split(self.sizes)
+        self.dp.adopt(self.sizes)
         if learning_rate is not None:
             self.optimizer.learning_rate = float(learning_rate)
             for s in self.schedulers:
