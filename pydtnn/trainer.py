@@ -47,6 +47,7 @@ from pydtnn.parallel.policies import make_policy
 from pydtnn.prefetch import BatchPrefetcher
 from pydtnn.progress import progress
 from pydtnn.trace import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
+from pydtnn.trainer_options import grouped
 
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -63,13 +64,24 @@ class Preempted(Exception):
 
 class Trainer:
     def __init__(self, model, dataset, optimizer, *, loss="categorical_cross_entropy",
-                 metrics=("categorical_accuracy",), comm=None, global_batch=64, sizes=None,
-                 gradient_weighting="proportional", balance_mode="none", rebalance_interval=20,
-                 emulate_speed=1.0, emulate_spin=False, emulate_reference=(), non_blocking=False, steps_per_epoch=0, seed=0, schedulers=(),
-                 history_file=None, progress=True, eval_batch_size=None, tracer_output=None, log=None,
-                 flags=None, checkpoint_dir="checkpoints", save_steps=0, save_minutes=0.0, handle_signals=False,
-                 clip_grad_norm=0.0, sync_batchnorm=False, max_local_batch=None, clock=time.monotonic,
-                 callbacks=(), policy=None):
+                 metrics=("categorical_accuracy",), parallel=None, loop=None, checkpointing=None, outputs=None,
+                 emulation=None, **options):
+        """`parallel`, `loop`, `checkpointing`, `outputs`, `emulation`: the option groups of
+        `pydtnn.trainer_options`; each of their fields may be given as a keyword of its own too."""
+        groups = grouped(dict(parallel=parallel, loop=loop, checkpointing=checkpointing, outputs=outputs,
+                              emulation=emulation), options)
+        par, run, ckpt, out, emu = (groups[k] for k in ("parallel", "loop", "checkpointing", "outputs", "emulation"))
+        comm, global_batch, sizes, policy = par.comm, par.global_batch, par.sizes, par.policy
+        gradient_weighting, balance_mode, rebalance_interval = par.gradient_weighting, par.balance_mode, par.rebalance_interval
+        non_blocking, sync_batchnorm, max_local_batch, clip_grad_norm = (par.non_blocking, par.sync_batchnorm,
+                                                                         par.max_local_batch, par.clip_grad_norm)
+        steps_per_epoch, seed, schedulers, callbacks, eval_batch_size = (run.steps_per_epoch, run.seed, run.schedulers,
+                                                                        run.callbacks, run.eval_batch_size)
+        checkpoint_dir, save_steps, save_minutes, handle_signals, clock = (
+            ckpt.checkpoint_dir, ckpt.save_steps, ckpt.save_minutes, ckpt.handle_signals, ckpt.clock)
+        history_file, progress, tracer_output, log, flags = (out.history_file, out.progress, out.tracer_output,
+                                                             out.log, out.flags)
+        emulate_speed, emulate_spin, emulate_reference = emu.emulate_speed, emu.emulate_spin, emu.emulate_reference
         self.model, self.dataset, self.optimizer = model, dataset, optimizer
         self.callbacks = list(callbacks)   # a user's (pydtnn.callbacks); the schedulers are callbacks too
         self.loss = get_loss(loss)
