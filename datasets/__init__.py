@@ -8,7 +8,7 @@
 Splits keep raw uint8 images; :meth:`Split.take` gathers, augments (train split, when ``epoch`` is given)
 and normalizes a batch. See :mod:`.base` for the augmentation and normalization details, and the loader
 modules for the file formats: :mod:`.mnist`, :mod:`.cifar10`, :mod:`.imagenet`, :mod:`.synthetic`,
-:mod:`.download`.
+:mod:`.download`; a researcher's own arrays or file: :mod:`.arrays`, :mod:`.custom`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ import os
 from pydtnn.errors import ConfigError, DatasetError
 
 from . import cifar10, imagenet, mnist, synthetic, text
+from .arrays import ArraySplit, from_arrays
 from .base import NORMALIZATION, Augmentation, Dataset, Split, check_fraction
+from .custom import is_dataset_file, load_dataset_file
 from .download import default_cache_dir, download_dataset, fetch
 
-__all__ = ["load_dataset", "Dataset", "Split", "Augmentation", "NORMALIZATION", "DATASETS",
+__all__ = ["load_dataset", "from_arrays", "load_dataset_file", "Dataset", "Split", "ArraySplit", "Augmentation", "NORMALIZATION", "DATASETS",
            "KNOWN_SHAPES", "fetch", "download_dataset", "default_cache_dir"]
 
 DATASETS = ("mnist", "cifar10", "imagenet", "synthetic", "bytes")
@@ -96,7 +98,8 @@ def load_dataset(name: str, *, train_path=None, test_path=None, validation_split
                  crop_images_prob: float = 0.5, input_shape=None, nclasses=None, synthetic_samples=None,
                  seed: int = 0, download: bool = False, cache_dir=None, targets: str = "labels",
                  sequence_length: int = 64) -> Dataset:
-    """Load ``name`` (mnist | cifar10 | imagenet | synthetic | bytes) as a :class:`Dataset`.
+    """Load ``name`` (mnist | cifar10 | imagenet | synthetic | bytes, or a user's ``FILE.py`` defining
+    ``create_dataset(seed)``: see :mod:`.custom`) as a :class:`Dataset`.
 
     - ``train_path`` / ``test_path``: folders. mnist and cifar10 default to ``<cache>/<name>``
       (``cache_dir``, else ``$PYDTNN_CACHE``, else ``~/.cache/pydtnn``), and ``test_path`` defaults to
@@ -123,9 +126,16 @@ def load_dataset(name: str, *, train_path=None, test_path=None, validation_split
       sequences of ``sequence_length`` bytes, each with the next byte of every position as its targets
       (a byte-level language model); ``validation_split`` holds out the last sequences. See :mod:`.text`.
     """
+    if isinstance(name, (str, os.PathLike)) and is_dataset_file(name):
+        if targets != "labels" or flip_images or crop_images:
+            raise ConfigError(f"dataset file {name}: its arrays are used as they are; targets, flips and crops "
+                              f"are the file's to make")
+        return load_dataset_file(name, seed=seed, validation_split=validation_split,
+                                 test_as_validation=test_as_validation)
     key = str(name).lower()
     if key not in DATASETS:
-        raise ConfigError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+        raise ConfigError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}, or a .py file "
+                          f"defining create_dataset(seed)")
     validation_split = check_fraction("validation_split", validation_split)
     if key == "bytes":
         if targets != "labels":

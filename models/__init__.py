@@ -21,7 +21,7 @@ import inspect
 import os
 
 from pydtnn.errors import ConfigError, PyDTNNError
-from pydtnn.plugins import importable_folder, load_file, one_line
+from pydtnn.user_files import importable_folder, one_line, user_function
 
 from . import _common
 from . import (alexnet, autoencoder, densenet, googlenet, inception, mobilenet, resnet, simple,  # noqa: F401
@@ -72,13 +72,7 @@ def load_model_file(path):
 
     The file's folder is importable while the file runs, so it may import modules beside it.
     """
-    path = os.path.abspath(os.fspath(path))
-    # not Python, a missing module: one line; a bug in the file's own code keeps its traceback
-    module = load_file(path, "model file", errors=(SyntaxError, ImportError, PyDTNNError))
-    create = getattr(module, "create_model", None)
-    if not callable(create):
-        raise ConfigError(f"model file {path} does not define create_model(model)")
-    return create
+    return user_function(path, "create_model", "model file", "create_model(model)")
 
 
 def _build_from_file(path, model, nclasses, input_shape):

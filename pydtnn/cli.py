@@ -54,6 +54,18 @@ def nonneg_float(value):
     return v
 
 
+def dataset_name(value):
+    from pydtnn.datasets import DATASETS
+    if value.endswith(".py"):
+        if not os.path.isfile(value):
+            raise argparse.ArgumentTypeError(f"dataset file {value} does not exist")
+        return value
+    if value not in DATASETS:
+        raise argparse.ArgumentTypeError(f"choose one of {', '.join(DATASETS)}, or a .py file defining "
+                                         f"create_dataset(seed); got {value!r}")
+    return value
+
+
 def finite_float(value):
     v = float(value)
     if not math.isfinite(v):
@@ -131,11 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(created by the first checkpoint)")
 
     g = p.add_argument_group("dataset")
-    g.add_argument("--dataset", dest="dataset_name", default="synthetic",
-                   choices=["synthetic", "mnist", "cifar10", "imagenet", "bytes"],
+    g.add_argument("--dataset", dest="dataset_name", default="synthetic", type=dataset_name,
                    help="synthetic (learnable, offline; upstream's default was mnist), mnist, cifar10, imagenet, "
                         "bytes (a text file, --dataset_train_path, default a shipped public-domain text, as "
-                        "--sequence_length byte ids with next-byte targets: a language model's)")
+                        "--sequence_length byte ids with next-byte targets: a language model's), or FILE.py "
+                        "defining create_dataset(seed) (docs/datasets.md)")
     g.add_argument("--targets", default="labels", choices=["labels", "inputs"],
                    help="labels: the class labels; inputs: each image is its own target (an autoencoder's, "
                         "with --loss_func mean_squared_error)")
@@ -257,8 +269,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU float32 math: fp32 (strict, no tensor-core TF32) or tf32 (faster, ~1e-3 relative error)")
 
     g = p.add_argument_group("tracing")
-    g.add_argument("--tracing", type=B, default=False, help="record a per-replica timeline")
+    g.add_argument("--tracing", type=B, default=False,
+                   help="write a per-layer Chrome/Perfetto trace of every rank (--tracer_output, --trace_steps)")
     g.add_argument("--tracer_output", default="trace.json", help="Chrome-trace JSON file of the timeline (--tracing true)")
+    g.add_argument("--trace_steps", default="2:5",
+                   help="FIRST:LAST: the global steps (1-based, inclusive) the trace details; evaluation and "
+                        "checkpoint writes are traced throughout")
+    g.add_argument("--profile_layers", type=B, default=False,
+                   help="print a table of mean forward/backward ms, share of the step and GFLOP/s per layer at the end")
+    g.add_argument("--tensorboard_dir", default=None,
+                   help="write per-step and per-epoch scalars as TensorBoard event files into this folder")
+    g.add_argument("--step_history_file", default=None,
+                   help="CSV file of per-step scalars (loss, learning rate, throughput, each replica's b_i, compute, wait)")
+    g.add_argument("--plots_dir", default=None,
+                   help="write the per-replica plot (b_i, compute and wait over the steps) into this folder at the end")
     g.add_argument("--profile", type=B, default=False, help="cProfile of rank 0's training, printed at the end")
     g.add_argument("--progress_bar", type=B, default=True,
                    help="progress on rank 0's stderr: a tqdm bar on a terminal, else a plain line every 10 s")
@@ -411,17 +435,20 @@ def make_trainer(config, devices, local, comm):
     if not has_val:          # metric-driven schedulers need validation data
         schedulers = [s for s in schedulers if not (getattr(s, "metric", "").startswith("val_")
                                                     and s.name != "model_checkpoint")]
+    from pydtnn.profiling.step_metrics import StepMetrics
+    step_metrics = StepMetrics(comm.rank, p.tensorboard_dir, p.step_history_file, p.plots_dir)
     trainer = Trainer(
         model, dataset, optimizer, loss=get_loss(p.loss_func, label_smoothing=p.label_smoothing), metrics=config.metrics,
         parallel=Parallelism(comm=comm, global_batch=local.global_batch, sizes=local.sizes, policy=config.policy,
                              gradient_weighting=config.weighting, non_blocking=p.non_blocking_mpi,
                              sync_batchnorm=p.sync_batchnorm and config.data_parallel, max_local_batch=local.caps,
                              clip_grad_norm=p.clip_grad_norm),
-        loop=Loop(steps_per_epoch=p.steps_per_epoch, seed=p.seed, schedulers=schedulers),
+        loop=Loop(steps_per_epoch=p.steps_per_epoch, seed=p.seed, schedulers=schedulers, callbacks=[step_metrics]),
         checkpointing=Checkpointing(checkpoint_dir=p.checkpoint_dir, save_steps=p.model_checkpoint_save_steps,
                                     save_minutes=p.model_checkpoint_save_minutes, handle_signals=True),
         outputs=Outputs(history_file=p.history_file, progress=p.progress_bar,
-                        tracer_output=p.tracer_output if p.tracing else None, flags=vars(p)),
+                        tracer_output=p.tracer_output if p.tracing else None, flags=vars(p),
+                        trace_steps=config.trace_steps, profile_layers=p.profile_layers),
         emulation=Emulation(devices.emulate, devices.emulate_spin, devices.emulate_reference))
     anew = config.resume.anew
 
@@ -499,6 +526,10 @@ def train(config, trainer, comm):
     if rank == 0:
         for line in trainer.report():
             print(line)
+        if p.profile_layers:
+            from pydtnn.profiling.layer_profile import measure_peak_flops
+            print(trainer.layer_profile.table(measure_peak_flops(model.backend),
+                                              title=f"layer profile of rank 0 (b_i = {trainer.sizes[0]})"))
     comm.barrier()
     return 0
 
@@ -581,6 +612,15 @@ def _check_outputs(p, comm):
         check_output_file(p.save_weights_and_bias_filename, "--save_weights_and_bias_filename")
         if p.tracing:
             check_output_file(p.tracer_output, "--tracer_output")
+        check_output_file(p.step_history_file, "--step_history_file")
+        for flag in ("tensorboard_dir", "plots_dir"):
+            if getattr(p, flag):
+                check_output_dir(getattr(p, flag), f"--{flag}", create=True)
+        if p.tensorboard_dir:
+            try:
+                import tensorboardX  # noqa: F401
+            except ImportError:
+                raise ConfigError("--tensorboard_dir needs tensorboardX (pip install tensorboardX)") from None
         # only checked: it is created by the first checkpoint (a run that writes none leaves no folder)
         check_output_dir(p.checkpoint_dir, "--checkpoint_dir", create=False)
     raise_together(comm, check, "rank 0 cannot write an output path", rank0_only=True)

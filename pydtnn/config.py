@@ -44,6 +44,7 @@ class RunConfig:
     weighting: object        # weights(sizes) -> list of w_i (pydtnn.parallel.weighting)
     metrics: list
     caps: list | None        # --max_local_batch, one per replica
+    trace_steps: object = None   # --trace_steps parsed
     resume: object = None    # --resume: the lines to print and the flags given anew (set by the launcher)
 
     @property
@@ -58,6 +59,7 @@ def configure(p, nreplicas: int, many_processes: bool = False) -> RunConfig:
     from pydtnn.parallel.weighting import make_weighting
     P, data = int(nreplicas), p.parallel == "data"
     check_combinations(p)
+    trace_steps = _trace_steps(p)
     if p.parallel == "sequential" and many_processes:
         raise ConfigError("several MPI processes with --parallel sequential would train independent copies; "
                           "use --parallel data")
@@ -84,7 +86,15 @@ def configure(p, nreplicas: int, many_processes: bool = False) -> RunConfig:
     metrics = [m.strip() for m in p.metrics.split(",") if m.strip()]
     return RunConfig(p=p, nreplicas=P, data_parallel=data, devices=devices, learning_rate=rate,
                      learning_rate_why=why, policy=policy, weighting=weighting, metrics=metrics,
-                     caps=caps_for(p.max_local_batch, P if data else 1))
+                     caps=caps_for(p.max_local_batch, P if data else 1), trace_steps=trace_steps)
+
+
+def _trace_steps(p):
+    from pydtnn.profiling.timeline import parse_steps
+    try:
+        return parse_steps(p.trace_steps)
+    except ValueError as e:
+        raise ConfigError(f"--trace_steps: {e}") from None
 
 # Flags that describe how this machine runs, never what is trained: a resumed run takes them from its own
 # command line, not from the checkpoint.
@@ -98,7 +108,8 @@ EXECUTION_FLAGS = frozenset({
 # Flags that may differ between ranks: a rank's own threads; files each rank reads from its own node
 # (only whether they are given must agree); what only rank 0 writes or shows.
 PER_RANK_FLAGS = frozenset({"threads_per_replica", "history_file", "save_weights_and_bias_filename",
-                            "tracer_output", "checkpoint_dir", "progress_bar", "profile"})
+                            "tracer_output", "checkpoint_dir", "progress_bar", "profile", "tensorboard_dir",
+                            "step_history_file", "plots_dir"})
 PRESENCE_FLAGS = frozenset({"dataset_train_path", "dataset_test_path", "weights_and_bias_filename", "resume"})
 
 
@@ -140,6 +151,13 @@ def check_combinations(p) -> None:
     if p.resume and p.weights_and_bias_filename:
         raise ConfigError("--resume restores a full checkpoint, its weights included, and "
                           "--weights_and_bias_filename would replace them: give one of the two")
+    if p.dataset_name.endswith(".py"):
+        if p.use_synthetic_data or p.download:
+            flag = "--use_synthetic_data" if p.use_synthetic_data else "--download"
+            raise ConfigError(f"--dataset {p.dataset_name} is a dataset file: {flag} does not apply to it")
+        if p.targets != "labels" or p.flip_images or p.crop_images:
+            raise ConfigError(f"--dataset {p.dataset_name} is a dataset file: its arrays are used as they are "
+                              f"(--targets, --flip_images and --crop_images are the file's to make)")
 
 
 # ------------------------------------------------------------------------------------------ learning rate

@@ -39,6 +39,8 @@ def expand_activations(layers):
 
 
 class Model:
+    layer_timer = None          # a pydtnn.profiling.layer_timer.LayerTimer while tracing or profiling layers
+
     def __init__(self, backend="cpu", dtype="float32", seed=0):
         self.backend = backend if isinstance(backend, Backend) else get_backend(backend, dtype, seed)
         self.dtype = self.backend.dtype
@@ -131,8 +133,12 @@ class Model:
             self._pack()
         if not self.layers:
             raise ShapeError("the model has no layers")
+        timer = self.layer_timer
         for layer in self.layers[:upto]:
-            x = layer.forward_internal(x, training)     # NCHW conversion only around a user layer
+            if timer is None:
+                x = layer.forward_internal(x, training)     # NCHW conversion only around a user layer
+            else:
+                x = timer.run(layer, "forward", layer.forward_internal, x, training)
         return self.backend.to_user(x) if x.ndim == 4 else x
 
     def backward(self, dy, on_grads_ready=None, start=None, need_dx=True):
@@ -147,8 +153,11 @@ class Model:
         stop = len(self.layers) if start is None else start
         if len(self.layers) > 1:
             self.layers[1].input_grad_needed = need_dx
+        timer = self.layer_timer
         for i in range(stop - 1, -1 if need_dx else 0, -1):
-            dy = self.layers[i].backward_internal(dy)
+            layer = self.layers[i]
+            dy = layer.backward_internal(dy) if timer is None else timer.run(layer, "backward",
+                                                                             layer.backward_internal, dy)
             if on_grads_ready is not None and self.layers[i].nparams:
                 on_grads_ready(self._starts[i])
         return dy if need_dx else None
@@ -239,6 +248,7 @@ class Model:
                     rows.append(("  " * (indent + 1) + f"path {p}" + (" (identity)" if not path else ""),
                                  "", "", "", ""))
                     walk(path, indent + 2)
+                walk(getattr(layer, "children", []), indent + 1)      # a Composite's sublayers
         walk(self.layers, 0)
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         line = "-" * (sum(widths) + 8)
@@ -249,34 +259,57 @@ class Model:
         return "\n".join(body)
 
     # --- training: the launcher's loop (pydtnn.trainer.Trainer) on arrays ------------------------------
-    def fit(self, x, y, *, epochs=1, batch_size=64, optimizer=None, loss="categorical_cross_entropy",
+    def fit(self, x, y=None, *, epochs=1, batch_size=64, optimizer=None, loss="categorical_cross_entropy",
             metrics=("categorical_accuracy",), validation_data=None, shuffle=True, verbose=False,
             callbacks=(), clip_grad_norm=0.0):
-        """Train on host arrays x (N, ...) and y (one-hot (N, K), integer labels, or float targets) with the
-        launcher's training loop (`pydtnn.trainer.Trainer`). Returns a Keras-like history dict of lists:
-        loss, each metric, and their val_ versions with `validation_data`.
+        """Train with the launcher's training loop (`pydtnn.trainer.Trainer`) on host arrays x (N, ...) and y
+        (one-hot (N, K), integer labels, or float targets), or on a `pydtnn.datasets.Dataset` given as x (its
+        `val` split is the validation data). Returns a Keras-like history dict of lists: loss, each metric,
+        and their val_ versions with `validation_data` or a Dataset's val split.
 
         `callbacks` are `pydtnn.callbacks.Callback` objects (or any object with some of its hooks; the
         `pydtnn.schedulers` are ones); the `trainer` they get is the Trainer (`model`, `optimizer`,
         `steps_per_epoch`, `stop_training`, `log`, `save_checkpoint`). `clip_grad_norm` > 0 clips the
-        gradient to that global L2 norm before each step.
+        gradient to that global L2 norm before each step. Memory-mapped arrays are read a batch at a time.
         """
-        from pydtnn.arrays import arrays_dataset
         from pydtnn.clipping import check_max_norm
+        from pydtnn.datasets import Dataset
         from pydtnn.optimizers import SGD
         from pydtnn.trainer import Trainer
         check_max_norm(clip_grad_norm)
-        x = x if hasattr(x, "shape") else np.asarray(x)      # a memory-mapped x stays mapped
-        if validation_data is not None:
-            xv, yv = validation_data
-            validation_data = (xv if hasattr(xv, "shape") else np.asarray(xv), self._one_hot(yv))
-        data = arrays_dataset(x, self._one_hot(y), validation_data, shuffle)
+        if isinstance(x, Dataset):
+            if y is not None or validation_data is not None:
+                raise ConfigError("Model.fit(dataset): the Dataset holds the targets and its val split; give "
+                                  "neither y nor validation_data")
+            data = x
+            if not shuffle:
+                raise ConfigError("Model.fit(dataset): a Dataset's train split sets its own order; shuffle=False "
+                                  "applies to arrays")
+        else:
+            if y is None:
+                raise ConfigError("Model.fit(x, y): give the targets y, or a pydtnn.datasets.Dataset as x")
+            val = None
+            if validation_data is not None:
+                xv, yv = validation_data
+                val = self._array_split(xv, yv, "validation_data", shuffle=False)
+            data = Dataset(name="arrays", input_shape=tuple(self.input_shape), nclasses=self.output_shape[-1],
+                           train=self._array_split(x, y, "train", shuffle), val=val)
         trainer = Trainer(self, data, optimizer or SGD(), loss=loss, metrics=metrics, global_batch=batch_size,
                           seed=self.seed, progress=False, eval_batch_size=batch_size, callbacks=callbacks,
                           log=print if verbose else (lambda msg: None), clip_grad_norm=clip_grad_norm)
         rows = trainer.fit(epochs)
-        keys = ["loss", *metrics] + ([f"val_{k}" for k in ["loss", *metrics]] if validation_data is not None else [])
+        keys = ["loss", *metrics] + ([f"val_{k}" for k in ["loss", *metrics]] if data.val is not None else [])
         return {k: [row[k] for row in rows] for k in keys}
+
+    def _array_split(self, x, y, name, shuffle):
+        from pydtnn.datasets import ArraySplit
+        x = x if hasattr(x, "shape") else np.asarray(x)      # a memory-mapped x stays mapped
+        y = self._one_hot(y)
+        if len(x) != len(y):
+            raise ShapeError(f"{name}: {len(x)} inputs but {len(y)} targets")
+        if len(x) == 0:
+            raise ShapeError(f"{name}: no samples")
+        return ArraySplit(x, y, nclasses=self.output_shape[-1], name=name, shuffle=shuffle)
 
     def evaluate(self, x, y, *, batch_size=256, loss="categorical_cross_entropy", metrics=("categorical_accuracy",)):
         """Loss and metrics (inference mode) over host arrays, averaged over samples."""

@@ -1,11 +1,11 @@
-"""Per-replica timing: compute / wait statistics, timeline events, Chrome-trace output.
+"""Per-replica timing: compute / wait statistics per step and per epoch.
 
     stats = ReplicaStats()
     timer = StepTimer(stats, timeline=Timeline(comm.rank) if tracing else None)
     for step ...:
         timer.start_step(b_i)
         with timer.compute():            # forward + backward
-            ...
+            ...                          # a collective inside (synchronized BatchNorm) enters timer.wait()
         with timer.wait():               # inside the gradient reduction: idle + transfer
             ...
         with timer.phase("update"):      # any other phase: a timeline event, not counted
@@ -16,67 +16,28 @@
         print(summary.format())
     stats.reset()
 
+Waits are waits: time blocked in a collective is wait wherever it happens, also inside ``compute()``
+(synchronized BatchNorm's reductions in the forward and backward passes), whose compute then excludes it.
+So a replica's compute seconds measure its own speed, which the per-replica table, the history and the
+dynamic balancer read.
+
 ``stats.last_compute_per_sample`` (compute seconds / b_i of the last step) is what each rank contributes
 to ``comm.allgather`` for `pydtnn.parallel.balance.DynamicBalancer.observe`.
 
-A `Timeline` records (name, rank, t_start, t_end) events; `write_chrome_trace` gathers every rank's
-events to rank 0 and writes one JSON file in the Chrome trace-event format (one pid per rank), to open
-in chrome://tracing or https://ui.perfetto.dev.
+The timeline and its Chrome trace live in `pydtnn.profiling.timeline` (re-exported here).
 """
 from __future__ import annotations
 
-import json
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from pydtnn.profiling.timeline import Event, Timeline, chrome_trace, write_chrome_trace
+
 __all__ = ["ReplicaStats", "StepTimer", "Timeline", "Event", "EpochSummary", "epoch_summary",
            "chrome_trace", "write_chrome_trace"]
-
-
-@dataclass
-class Event:
-    name: str
-    rank: int
-    t_start: float   # seconds since the timeline's origin
-    t_end: float
-    category: str = ""
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, "rank": self.rank, "t_start": self.t_start, "t_end": self.t_end,
-                "category": self.category}
-
-
-class Timeline:
-    """Timeline events of one rank. ``start(comm)`` aligns the origin of every rank at a barrier."""
-
-    def __init__(self, rank: int = 0, enabled: bool = True):
-        self.rank = int(rank)
-        self.enabled = bool(enabled)
-        self.events: list[Event] = []
-        self.t0 = time.perf_counter()
-
-    def start(self, comm=None) -> None:
-        if comm is not None:
-            comm.barrier()
-        self.t0 = time.perf_counter()
-
-    def now(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def add(self, name: str, t_start: float, t_end: float, category: str = "") -> None:
-        if self.enabled:
-            self.events.append(Event(name, self.rank, float(t_start), float(t_end), category))
-
-    @contextmanager
-    def span(self, name: str, category: str = ""):
-        t = self.now()
-        try:
-            yield
-        finally:
-            self.add(name, t, self.now(), category)
 
 
 @dataclass
@@ -144,28 +105,31 @@ class StepTimer:
         self._wait = 0.0
 
     @contextmanager
-    def _timed(self, name: str, counter: str | None):
+    def _timed(self, name: str | None, counter: str | None, category: str | None = None, args=None):
         t0 = time.perf_counter()
+        waited = self._wait
         try:
             yield
         finally:
             t1 = time.perf_counter()
-            if counter == "compute":
-                self._compute += t1 - t0
+            if counter == "compute":          # minus the waits inside it (collectives in the passes)
+                self._compute += (t1 - t0) - (self._wait - waited)
             elif counter == "wait":
                 self._wait += t1 - t0
-            if self.timeline is not None:
+            if self.timeline is not None and name is not None:
                 origin = self.timeline.t0
-                self.timeline.add(name, t0 - origin, t1 - origin, counter or "")
+                self.timeline.add(name, t0 - origin, t1 - origin, category or counter or "", **(args or {}))
 
-    def compute(self, name: str = "compute"):
+    def compute(self, name: str | None = "compute"):
+        """Compute seconds (a timeline event named ``name``; None: none, the layers' events say it)."""
         return self._timed(name, "compute")
 
-    def wait(self, name: str = "allreduce"):
-        return self._timed(name, "wait")
+    def wait(self, name: str = "allreduce", category: str = "allreduce", **args):
+        """Seconds blocked in a collective; may be entered inside ``compute()``."""
+        return self._timed(name, "wait", category, args)
 
-    def phase(self, name: str):
-        return self._timed(name, None)
+    def phase(self, name: str, category: str | None = None, **args):
+        return self._timed(name, None, category, args)
 
     def end_step(self) -> None:
         self.stats.add_step(self._samples, self._compute, self._wait)
@@ -210,31 +174,3 @@ def epoch_summary(comm, stats: ReplicaStats) -> EpochSummary:
                      "compute_s": float(compute_s), "wait_s": float(wait_s),
                      "samples_per_s": float(samples / compute_s) if compute_s > 0 else float("nan")})
     return EpochSummary(rows)
-
-
-def chrome_trace(events) -> dict:
-    """Chrome trace-event JSON (a dict) from events of any ranks: one pid per rank, times in us."""
-    out = []
-    ranks = sorted({e.rank if isinstance(e, Event) else e["rank"] for e in events})
-    for rank in ranks:
-        out.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
-        out.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
-    for e in events:
-        d = e.as_dict() if isinstance(e, Event) else e
-        out.append({"name": d["name"], "cat": d.get("category") or "pydtnn", "ph": "X", "pid": d["rank"], "tid": 0,
-                    "ts": d["t_start"] * 1e6, "dur": max(0.0, d["t_end"] - d["t_start"]) * 1e6})
-    return {"traceEvents": out, "displayTimeUnit": "ms"}
-
-
-def write_chrome_trace(path: str, timeline: Timeline, comm=None) -> str | None:
-    """Gather every rank's events to rank 0 and write them there as one Chrome trace (a collective
-    when ``comm`` is given). Returns the path on the writing rank, None elsewhere."""
-    mine = [e.as_dict() for e in timeline.events]
-    gathered = [mine] if comm is None else comm.gather_object(mine, root=0)
-    if comm is not None and comm.rank != 0:
-        return None
-    events = [e for per_rank in gathered for e in per_rank]
-    from pydtnn.outputs import atomic_write
-    text = json.dumps(chrome_trace(events))
-    atomic_write(path, lambda f: f.write(text.encode()))
-    return path

@@ -45,6 +45,9 @@ from pydtnn.parallel.data_parallel import DataParallel
 from pydtnn.parallel.emulation import SpeedEmulator
 from pydtnn.parallel.policies import make_policy
 from pydtnn.prefetch import BatchPrefetcher
+from pydtnn.profiling.layer_profile import LayerProfile
+from pydtnn.profiling.layer_timer import LayerTimer
+from pydtnn.profiling.timeline import PREFETCH
 from pydtnn.progress import progress
 from pydtnn.trace import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
 from pydtnn.trainer_options import grouped
@@ -81,6 +84,7 @@ class Trainer:
             ckpt.checkpoint_dir, ckpt.save_steps, ckpt.save_minutes, ckpt.handle_signals, ckpt.clock)
         history_file, progress, tracer_output, log, flags = (out.history_file, out.progress, out.tracer_output,
                                                              out.log, out.flags)
+        trace_steps, profile_layers = out.trace_steps, out.profile_layers
         emulate_speed, emulate_spin, emulate_reference = emu.emulate_speed, emu.emulate_spin, emu.emulate_reference
         self.model, self.dataset, self.optimizer = model, dataset, optimizer
         self.callbacks = list(callbacks)   # a user's (pydtnn.callbacks); the schedulers are callbacks too
@@ -91,6 +95,10 @@ class Trainer:
         self.rank, self.nreplicas = self.comm.rank, self.comm.size
         self.global_batch = int(global_batch)
         self.gradient_weighting = gradient_weighting
+        self.stats = ReplicaStats()
+        self.timeline = Timeline(self.rank, enabled=bool(tracer_output), steps=trace_steps)
+        self.tracer_output = tracer_output
+        self.timer = StepTimer(self.stats, self.timeline if tracer_output else None)
         # the step's engine: split (a BalancePolicy; `balance_mode` names a built-in one), weighting,
         # reduction, synchronized BatchNorm, clipping, update
         self.dp = DataParallel(model, optimizer, global_batch=self.global_batch, comm=self.comm, sizes=sizes,
@@ -98,8 +106,11 @@ class Trainer:
                                make_policy("dynamic" if balance_mode == "dynamic" else "none",
                                            interval=rebalance_interval),
                                weighting=gradient_weighting, loss=self.loss, caps=max_local_batch,
-                               non_blocking=non_blocking, sync_batchnorm=sync_batchnorm, clip_grad_norm=clip_grad_norm)
+                               non_blocking=non_blocking, sync_batchnorm=sync_batchnorm, clip_grad_norm=clip_grad_norm,
+                               timer=self.timer)
         self.caps, self.policy, self.reducer = self.dp.caps, self.dp.policy, self.dp.reducer
+        if self.reducer is not None and tracer_output:
+            self.reducer.timeline = self.timeline
         self.sync_batchnorm = self.dp.sync_batchnorm
         self.emulator = SpeedEmulator(emulate_speed, spin=emulate_spin)
         self.emulate_reference = list(emulate_reference)      # ranks at full speed: the emulation follows them
@@ -135,11 +146,14 @@ class Trainer:
         self._partial = None           # that epoch's partial sums
         self.restored_split = False    # the split came from a checkpoint (no probe needed)
         self.finished = False
-        self.stats = ReplicaStats()
         self.prefetcher = BatchPrefetcher(self._take)
-        self.timeline = Timeline(self.rank, enabled=bool(tracer_output))
-        self.tracer_output = tracer_output
-        self.timer = StepTimer(self.stats, self.timeline if tracer_output else None)
+        # --tracing / --profile_layers: a timer around each layer, set on the model only in the steps it times
+        self.layer_profile = LayerProfile() if profile_layers else None
+        self._layer_timer = (LayerTimer(model.backend, self.timeline if tracer_output else None, self.layer_profile,
+                                        waited=lambda: self.timer.step_wait_s)
+                             if tracer_output or profile_layers else None)
+        self.step_waits = np.zeros(self.nreplicas)
+        self._steps_run = 0                   # steps run by this fit (the first is no layer profile's)
         self._side_depth = 0
 
     # the split in force and the clipping count live in the engine (self.dp)
@@ -186,13 +200,33 @@ class Trainer:
     def _local_gradients(self, x, y, weight, overlap=True):
         self._calibrate_emulation(x, y, weight)          # a speed probe's first pass
         start = self.emulator.clock()
+        waited = self.timer.step_wait_s
         value, y_pred = self.dp.local_gradients(x, y, weight, overlap)
-        self.emulator.pad(start, len(x))
+        if self.emulator.active:        # the emulated compute excludes the waits in it (synchronized BatchNorm)
+            with self._span("emulated slowdown", "backward"):
+                self.emulator.pad(start + (self.timer.step_wait_s - waited), len(x))
         return value, y_pred
 
     def _take(self, indices, epoch):
-        x, labels = self.dataset.train.take(indices, epoch=epoch)
-        return x, as_targets(labels, self.nclasses, self.model.dtype)
+        background = threading.current_thread() is not threading.main_thread()
+        with self._span("prefetch" if background else "take batch", "data", tid=PREFETCH if background else 0,
+                        samples=len(indices)):
+            x, labels = self.dataset.train.take(indices, epoch=epoch)
+            return x, as_targets(labels, self.nclasses, self.model.dtype)
+
+    def _span(self, name, category, always=False, **kwargs):
+        """A timeline event when tracing (``always``: also outside --trace_steps), else nothing."""
+        if not self.tracer_output:
+            return contextlib.nullcontext()
+        return self.timeline.span(name, category, always=always, **kwargs)
+
+    def _begin_step(self, step, b_i):
+        """Before the 1-based global ``step``: the timeline's step; the layer timer in the steps it times
+        (the traced ones; with --profile_layers every step but the run's first)."""
+        self.timeline.set_step(step, b_i)
+        timed = self._layer_timer is not None and (
+            (self.tracer_output and self.timeline.active) or (self.layer_profile is not None and self._steps_run > 0))
+        self.model.layer_timer = self._layer_timer if timed else None
 
     def _batch(self, indices, epoch, next_indices):
         """This step's batch, or (when this rank cannot read it: a corrupt shard) zeros of its shape and
@@ -206,38 +240,56 @@ class Trainer:
 
     def train_step(self, indices, epoch, step_sizes, next_indices=None):
         b_i = len(indices)
-        (x, y_host), data_error = self._batch(indices, epoch, next_indices)
+        with self.timer.phase("data", category="data"):
+            (x, y_host), data_error = self._batch(indices, epoch, next_indices)
         y = self.model.backend.asarray(y_host)          # one copy to the device
         step_total = sum(step_sizes)
         weight = self.dp.weight(step_sizes)
         self._calibrate_emulation(x, y, weight)          # before the timer: not this step's compute
         self.timer.start_step(b_i)
-        with self.timer.compute():
+        with self.timer.compute(None):       # the layers' own events show it when tracing
             value, y_pred = self._local_gradients(x, y, weight)
-        with self.timer.wait():
+        with self.timer.wait("allreduce", bytes=0 if self.nreplicas == 1 else int(self.model.grads.nbytes)):
             self.dp.reduce()
-        with self.timer.phase("update"):
+        with self.timer.phase("update", category="update"):
             self.dp.update()
-        self.timer.end_step()
         # reported loss and metrics are weighted by b_i whatever the gradient weighting
         local = [value] + [f(y_pred, y) for f in self.metric_fns]
-        stats = np.zeros(len(local) + self.nreplicas + 3)
+        P = self.nreplicas
+        stats = np.zeros(len(local) + 2 * P + 3)
         stats[:len(local)] = np.asarray(local) * (b_i / step_total)
         stats[len(local) + self.rank] = self.timer.step_compute_s / b_i
+        stats[len(local) + P + self.rank] = self.timer.step_wait_s     # this reduction's own wait comes after
         # flags summed with the stats, so every rank takes the same decision after this step: a rank could
         # not read its batch; a signal arrived on some rank; rank 0's clock says a timed checkpoint is due
         stats[-3] = 1.0 if data_error is not None else 0.0
         stats[-2] = 1.0 if self._signal is not None else 0.0
         stats[-1] = 1.0 if self.rank == 0 and self._checkpoint_due_by_time() else 0.0
-        self.comm.allreduce_sum_(stats)
+        with self.timer.wait("stats allreduce", bytes=int(stats.nbytes)):
+            self.comm.allreduce_sum_(stats)
+        self.timer.end_step()
         if stats[-3] > 0:
             agree_on_error(self.comm, data_error, "another rank could not read its batch")
-        times = stats[len(local):len(local) + self.nreplicas]
+        times = stats[len(local):len(local) + P]
+        self.step_waits = stats[len(local) + P:len(local) + 2 * P]
         if self.emulator.active and self.emulate_reference:
             self.emulator.follow(float(np.mean(times[self.emulate_reference])))
         self.stop_requested = bool(stats[-2] > 0)
         self.save_requested = bool(stats[-1] > 0)
         return stats[:len(local)], times
+
+    def _step_timing(self, sizes, times, seconds):
+        """The layer profile's step time; for the callbacks' logs (identical on every rank), the step's
+        throughput (over this rank's wall time of it) and each replica's b_i, compute and wait seconds."""
+        if self.layer_profile is not None and self._steps_run > 0:
+            self.layer_profile.add_step(seconds)
+        self._steps_run += 1
+        out = {"samples_per_s": sum(sizes) / seconds}
+        for r, b in enumerate(sizes):
+            out[f"rank{r}_b"] = int(b)
+            out[f"rank{r}_compute_s"] = float(times[r] * b)
+            out[f"rank{r}_wait_s"] = float(self.step_waits[r])
+        return out
 
     def probe_split(self):
         """A policy that asks for it (probe: --balance static without --replica_speeds) gets every replica's
@@ -384,7 +436,12 @@ class Trainer:
             idx = balance.shard(order, step, self.global_batch, self.sizes, self.rank, n, self.steps_per_epoch_arg)
             nxt = (balance.shard(order, step + 1, self.global_batch, self.sizes, self.rank, n,
                                  self.steps_per_epoch_arg) if step + 1 < self.steps_per_epoch else None)
+            self._begin_step(global_step + 1, len(idx))
+            t_step = time.perf_counter()
             means, times = self.train_step(idx, epoch, sizes, nxt)
+            t_step = time.perf_counter() - t_step
+            self.model.layer_timer = None
+            timing = self._step_timing(sizes, times, t_step)
             if not math.isfinite(means[0]):
                 if bar is not None:
                     bar.close()
@@ -395,7 +452,7 @@ class Trainer:
             samples += step_total
             call(callbacks, "on_batch_end", self, global_step,
                  {"loss": float(means[0]), **{m: float(v) for m, v in zip(self.metric_names, means[1:])},
-                  "learning_rate": rate, "batch_size": step_total})
+                  "learning_rate": rate, "batch_size": step_total, **timing})
             self.dp.after_step(global_step, times)
             last = step + 1 == self.steps_per_epoch
             if not last and (self.stop_requested or self.save_requested or self._cadence_due(epoch, step)):
@@ -460,6 +517,10 @@ class Trainer:
     # --- evaluation -------------------------------------------------------------------------------------
     def evaluate(self, split):
         """Loss and metrics over a whole split (inference mode), shared among replicas, weighted by samples."""
+        with self._span("evaluate", "eval", always=True, samples=len(split)):
+            return self._evaluate(split)
+
+    def _evaluate(self, split):
         n = len(split)
         mine = np.array_split(np.arange(n), self.nreplicas)[self.rank]
         sums = np.zeros(3 + len(self.metric_fns))       # loss, metrics, samples, and a flag: a read failed
@@ -521,7 +582,8 @@ class Trainer:
             except OSError as e:
                 raise OutputError(f"cannot create the checkpoint folder {folder}: {e.strerror}") from None
             save_checkpoint(path, self.model, self.optimizer, json.loads(json.dumps(meta, default=_jsonable)))
-        raise_together(self.comm, write, f"rank 0 could not write the checkpoint {path}", rank0_only=True)
+        with self._span("checkpoint write", "checkpoint", always=True, path=os.path.basename(path)):
+            raise_together(self.comm, write, f"rank 0 could not write the checkpoint {path}", rank0_only=True)
 
     def resume(self, path, keep_split=True, learning_rate=None, restore_optimizer=True):
         """Restore the state of a checkpoint (configuration stays the command line's).

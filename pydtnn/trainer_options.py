@@ -62,6 +62,8 @@ class Outputs:
     tracer_output: Any = None
     log: Any = None
     flags: Any = None
+    trace_steps: Any = None             # --trace_steps: which steps the timeline records
+    profile_layers: bool = False        # --profile_layers: the per-layer time table
 
 
 @dataclass

@@ -72,7 +72,7 @@ def test_trainer_options_in_groups_or_flat():
     import numpy as np
 
     from pydtnn import Model
-    from pydtnn.arrays import arrays_dataset
+    from pydtnn.datasets import from_arrays
     from pydtnn.layers import FC, Input
     from pydtnn.optimizers import SGD
     from pydtnn.trainer import Trainer
@@ -84,7 +84,7 @@ def test_trainer_options_in_groups_or_flat():
         m.add(FC(shape=(2,), activation="softmax"))
         return m
     rng = np.random.default_rng(0)
-    data = arrays_dataset(rng.standard_normal((12, 2)), np.eye(2)[rng.integers(0, 2, 12)])
+    data = from_arrays(rng.standard_normal((12, 2)), np.eye(2)[rng.integers(0, 2, 12)])
     quiet = Outputs(progress=False, log=lambda m: None)
     a = Trainer(model(), data, SGD(), parallel=Parallelism(global_batch=4), loop=Loop(seed=3, steps_per_epoch=2),
                 checkpointing=Checkpointing(save_steps=5), outputs=quiet)

@@ -174,7 +174,7 @@ def test_builtin_layers_opt_out_of_the_boundary():
     """Every built-in layer declares the internal layout, so built-in models never transpose for it."""
     import pydtnn.layers as layers
     builtins = [getattr(layers, n) for n in layers.__all__ if n != "Layer"]
-    assert len(builtins) == 25 and all(cls.internal_layout for cls in builtins)
+    assert len(builtins) == 26 and all(cls.internal_layout for cls in builtins)
     assert Layer.internal_layout is False
 
 
@@ -201,3 +201,81 @@ def test_conversions_happen_only_around_the_user_layer(monkeypatch):
     builtin_only = count_conversions(monkeypatch, False)
     assert builtin_only == 4
     assert count_conversions(monkeypatch, True) == builtin_only + 4
+
+
+# --- Composite: layers made of layers -----------------------------------------------------------------
+from pydtnn.errors import ConfigError  # noqa: E402
+from pydtnn.layers import Composite  # noqa: E402
+from pydtnn.activations import Relu  # noqa: E402
+
+
+class ConvResidual(Composite):
+    """y = x + conv2(relu(conv1(x))): 4-D arrays routed between sublayers and added."""
+
+    def __init__(self, channels, name=None):
+        super().__init__(name=name)
+        self.conv1 = Conv2D(nfilters=channels, filter_shape=(3, 3), padding=1)
+        self.relu = Relu()
+        self.conv2 = Conv2D(nfilters=channels, filter_shape=(3, 3), padding=1)
+
+    def forward(self, x, training=False):
+        return x + super().forward(x, training)
+
+    def backward(self, dy):
+        return dy + super().backward(dy)
+
+
+class ConvResidualNCHW(ConvResidual):
+    internal_layout = False
+
+
+@pytest.mark.parametrize("layer", [ConvResidual, ConvResidualNCHW])
+def test_a_composite_of_convolutions_passes_the_gradient_check(layer, backend_name):
+    errors = check_gradients(layer(3), (3, 5, 4), backend=backend_name, seed=1)
+    assert {"conv2d/weights", "conv2d_1/weights"} <= set(errors)
+
+
+def test_a_composite_sees_the_same_numbers_in_either_layout():
+    x = np.random.default_rng(0).standard_normal((2, 3, 5, 4))
+    outs = []
+    for layer in (ConvResidual(3), ConvResidualNCHW(3)):
+        model = Model(backend="cpu", dtype="float64", seed=0)
+        model.add(Input(shape=(3, 5, 4)))
+        model.add(layer)
+        outs.append(model.forward(x))
+    np.testing.assert_allclose(outs[0], outs[1], rtol=0, atol=1e-12)   # same weights, same sums: rounding only
+
+
+def test_a_composites_weights_are_views_of_the_models_flat_buffer():
+    model = Model(backend="cpu", dtype="float64", seed=0)
+    model.add(Input(shape=(3, 5, 4)))
+    block = model.add(ConvResidual(3))
+    assert model.nparams == block.nparams == 2 * (3 * 3 * 3 * 3 + 3)
+    params, grads = model.params, model.grads          # packed on first use
+    assert np.shares_memory(block.conv1.weights, params) and np.shares_memory(block.conv2.dw, grads)
+    lines = model.summary().splitlines()
+    assert any(line.startswith("  conv2d_1 ") for line in lines)
+
+
+class Unbuilt(Composite):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = FC(shape=(2,)), FC(shape=(2,))
+
+    def build(self, in_shape):
+        return self.build_sublayer(self.a, in_shape)
+
+
+class WithShortcut(Composite):
+    def __init__(self):
+        super().__init__()
+        self.a = FC(shape=(2,), activation="relu")
+
+
+@pytest.mark.parametrize("layer, needle", [(Unbuilt, "did not build its sublayer(s) FC"),
+                                           (WithShortcut, "make the activation a sublayer")])
+def test_composite_mistakes_are_config_errors(layer, needle):
+    model = Model(backend="cpu")
+    model.add(Input(shape=(4,)))
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        model.add(layer())

@@ -14,7 +14,7 @@ from pydtnn.parallel.balance import BalancePolicy, check_split, partition
 from pydtnn.parallel.policies import DynamicPolicy, EqualPolicy, ProbePolicy, StaticPolicy, make_policy
 from pydtnn.parallel.weighting import make_weighting
 from pydtnn.trainer import Trainer
-from pydtnn.arrays import arrays_dataset
+from pydtnn.datasets import from_arrays
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -84,7 +84,7 @@ def test_user_policy_from_a_file_and_a_module(plugin_dir):
 
 
 @pytest.mark.parametrize("spec, needle", [
-    ("{d}/missing.py:X", "no such file"),
+    ("{d}/missing.py:X", "does not exist"),
     ("{d}/syntax.py:X", "failed to load (line 1): SyntaxError"),
     ("{d}/raises.py:X", "failed to load: RuntimeError: boom"),
     ("{d}/my_policy.py:Nope", "defines no Nope"),
@@ -125,7 +125,7 @@ def _model():
 def _data(n=24):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((n, 4))
-    return arrays_dataset(x, np.eye(3)[rng.integers(0, 3, n)])
+    return from_arrays(x, np.eye(3)[rng.integers(0, 3, n)])
 
 
 def _trainer(policy, **kw):

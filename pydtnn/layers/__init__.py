@@ -8,6 +8,7 @@ from pydtnn.layers.dropout import Dropout
 from pydtnn.layers.flatten import Flatten
 from pydtnn.layers.batchnorm import BatchNormalization
 from pydtnn.layers.blocks import AdditionBlock, ConcatenationBlock
+from pydtnn.layers.composite import Composite
 from pydtnn.layers.layernorm import LayerNorm
 from pydtnn.layers.groupnorm import GroupNorm
 from pydtnn.layers.embedding import Embedding
@@ -29,6 +30,6 @@ def __getattr__(name):
 
 
 __all__ = ["Layer", "Input", "FC", "Conv2D", "MaxPool2D", "AveragePool2D", "Dropout", "Flatten",
-           "BatchNormalization", "AdditionBlock", "ConcatenationBlock", "LayerNorm", "GroupNorm", "Embedding",
+           "BatchNormalization", "AdditionBlock", "ConcatenationBlock", "Composite", "LayerNorm", "GroupNorm", "Embedding",
            "MultiHeadAttention", "ConvTranspose2D", "Upsample2D", "PositionEmbedding", "ImageToSequence",
            "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Softmax", "GELU", "SiLU"]

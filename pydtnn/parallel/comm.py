@@ -436,7 +436,13 @@ class BucketedReducer:
 
     Buckets are always started in the same order (k = 0, 1, ...) on every rank, whatever the ``lo``
     values, so the sequence of collectives matches across ranks. With one replica nothing happens.
+
+    With a ``timeline`` (--tracing) recording this step, each bucket is an `allreduce` event on the
+    "gradient buckets" track, from its start to the end of its wait in ``finish()`` (the buckets are then
+    waited for one by one, in the order started), with the bytes it reduced.
     """
+
+    timeline = None
 
     def __init__(self, comm: Communicator, grad_buffer, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
         # a NumPy or a device (CuPy) buffer: the communicator reduces either (MPI through host copies)
@@ -459,6 +465,7 @@ class BucketedReducer:
         self._active = comm.size > 1
         self._requests: list = []
         self._next = 0
+        self._started_at: list = []    # when each bucket in flight was started (tracing)
         self._covered = n
 
     @property
@@ -475,12 +482,15 @@ class BucketedReducer:
             raise RuntimeError("BucketedReducer.start_step() while reductions are in flight: call finish()")
         self._next = 0
         self._covered = self.buffer.size
+        self._started_at = []
 
     def _start_until(self, covered: int) -> None:
         while self._next < len(self.bounds) and self.bounds[self._next][0] >= covered:
             lo, hi = self.bounds[self._next]
             if self._active:
                 self._requests.append(self.comm.iallreduce_sum_(self.buffer[lo:hi]))
+                if self.timeline is not None:
+                    self._started_at.append(self.timeline.now())
             self._next += 1
 
     def ready(self, lo: int) -> None:
@@ -499,6 +509,14 @@ class BucketedReducer:
         self._covered = 0
         self._start_until(0)
         requests, self._requests = self._requests, []
-        if requests:
+        timeline = self.timeline
+        if requests and timeline is not None and timeline.active:
+            from pydtnn.profiling.timeline import BUCKETS
+            for k, (request, t) in enumerate(zip(requests, self._started_at)):
+                self.comm.waitall([request])
+                lo, hi = self.bounds[k]
+                timeline.add(f"bucket {k}", t, timeline.now(), "allreduce", BUCKETS,
+                             bytes=(hi - lo) * self.buffer.itemsize)
+        elif requests:
             self.comm.waitall(requests)
         return self.buffer

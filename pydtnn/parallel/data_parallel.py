@@ -32,11 +32,12 @@ from pydtnn.parallel.weighting import make_weighting
 class DataParallel:
     def __init__(self, model, optimizer, *, global_batch, comm=None, sizes=None, policy=None,
                  weighting="proportional", loss="categorical_cross_entropy", caps=None, non_blocking=False,
-                 sync_batchnorm=False, clip_grad_norm=0.0):
+                 sync_batchnorm=False, clip_grad_norm=0.0, timer=None):
         """`comm`: a pydtnn communicator (default: MPI's world when started by mpiexec with several
         processes, else one process); `sizes` or `policy` (a BalancePolicy or a --balance name) give the
         split; `weighting`: "proportional", "uniform" or a function weights(sizes) -> list of w_i; `caps`:
-        the most samples each replica may hold (--max_local_batch)."""
+        the most samples each replica may hold (--max_local_batch); `timer`: a pydtnn.trace.StepTimer that counts
+        the synchronized BatchNorm's reductions as wait."""
         self.model, self.optimizer = model, optimizer
         self.comm = comm if comm is not None else make_comm("auto")
         self.rank, self.nreplicas = self.comm.rank, self.comm.size
@@ -54,7 +55,7 @@ class DataParallel:
         self.reducer = BucketedReducer(self.comm, model.grads) if non_blocking and self.nreplicas > 1 else None
         # sync_batchnorm: BatchNorm layers use the global batch's statistics (one process: nothing to sync)
         self.sync_batchnorm = bool(sync_batchnorm) and self.nreplicas > 1
-        self._bn_sync = BatchNormSync(self.comm) if self.sync_batchnorm else None
+        self._bn_sync = BatchNormSync(self.comm, timer=timer) if self.sync_batchnorm else None
         self.sync_batchnorm_layers(True)
         self.steps = 0
         # replicas start from the same weights and running statistics (rank 0's)

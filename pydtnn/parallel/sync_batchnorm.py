@@ -11,8 +11,13 @@ The layer hands a `BatchNormSync` to the backend's `batchnorm_forward_train(...,
 `forward_moments` / `backward_sums`, which do one small SUM-allreduce each (2C + 1 and 2C float64
 values, through host memory on any communicator). Collectives stay matched for any split because every
 replica has at least one sample and runs every BatchNormalization layer of every step.
+
+Time blocked in these reductions is wait, not compute: with a ``timer`` (the trainer's
+`pydtnn.trace.StepTimer`) each one is counted as the step's wait and, when tracing, is a `bn_sync` event.
 """
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -22,9 +27,16 @@ __all__ = ["BatchNormSync"]
 
 
 class BatchNormSync:
-    def __init__(self, comm):
+    def __init__(self, comm, timer=None):
         self.comm = comm
+        self.timer = timer
         self.count = None           # the global number of rows of the last forward reduction
+
+    def _reduce(self, buf, name):
+        waiting = (contextlib.nullcontext() if self.timer is None else
+                   self.timer.wait(name, category="bn_sync", bytes=buf.nbytes))
+        with waiting:
+            self.comm.allreduce_sum_(buf)
 
     def forward_moments(self, xp, t1, t2, m, shift, center):
         """Local float64 sums t1 = sum(x - shift), t2 = sum((x - shift)^2) over ``m`` rows, per channel ->
@@ -40,7 +52,7 @@ class BatchNormSync:
         buf[:c] = to_host(t1 + m * d)
         buf[c:2 * c] = to_host(t2 + 2.0 * d * t1 + m * d * d)
         buf[2 * c] = m
-        self.comm.allreduce_sum_(buf)
+        self._reduce(buf, "bn_sync forward")
         self.count = float(buf[2 * c])
         return xp.asarray(buf[:c]), xp.asarray(buf[c:2 * c]), self.count
 
@@ -50,5 +62,5 @@ class BatchNormSync:
         buf = np.empty(2 * c)
         buf[:c] = to_host(sdy)
         buf[c:] = to_host(sdyx)
-        self.comm.allreduce_sum_(buf)
+        self._reduce(buf, "bn_sync backward")
         return xp.asarray(buf[:c]), xp.asarray(buf[c:])

@@ -7,7 +7,8 @@ Each process gets a virtual clock in place of time.perf_counter / time.sleep in 
 On it:
 - a forward + backward of b samples (`Model.compute_gradients`) lasts exactly b x c seconds: every
   replica is the same device, and `--emulate_speeds` slows one down by padding, on this clock, as it
-  would on a real one;
+  would on a real one. The cost is charged when the pass starts, so a replica with more samples also
+  arrives later at the collectives inside the pass (synchronized BatchNorm's reductions);
 - a blocking allreduce ends when the last rank arrives: the ranks' clocks meet at the latest of them, so
   a rank that arrives early waits for exactly the difference;
 - anything else costs one tick (1e-7 s) per clock reading, so a spin loop ends; the emulation sleeps
@@ -51,8 +52,9 @@ from pydtnn import cli, trace, trainer               # noqa: E402
 from pydtnn.model import Model                       # noqa: E402
 from pydtnn.parallel import balance, emulation       # noqa: E402
 from pydtnn.parallel.comm import MPIComm             # noqa: E402
+from pydtnn.profiling import layer_timer, timeline   # noqa: E402
 time.perf_counter, time.sleep = real
-for module in (cli, trace, trainer, balance, emulation):
+for module in (cli, trace, trainer, balance, emulation, layer_timer, timeline):
     module.time = virtual_time
 
 compute_gradients = Model.compute_gradients
@@ -60,9 +62,8 @@ allreduce_sum_ = MPIComm.allreduce_sum_
 
 
 def timed_compute(self, x, *args, **kwargs):
-    out = compute_gradients(self, x, *args, **kwargs)
     clock.now += len(x) * COST
-    return out
+    return compute_gradients(self, x, *args, **kwargs)
 
 
 def meeting_allreduce(self, array):
