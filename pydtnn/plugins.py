@@ -6,14 +6,11 @@ traceback of our import machinery.
 """
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import importlib
-import importlib.util
 import os
-import sys
 
 from pydtnn.errors import ConfigError
+from pydtnn.user_files import import_user_file, one_line
 
 
 def is_spec(text) -> bool:
@@ -33,28 +30,14 @@ def load(spec: str, what: str):
     return getattr(module, name)
 
 
-def load_file(path: str, label: str, errors=(Exception,)):
-    """Import a .py file as a fresh module (its folder importable while it runs). An exception of `errors`
-    while it runs is one ConfigError line starting with `label` (what names the file: a flag and its value)."""
-    full = os.path.abspath(os.fspath(path))
-    if not os.path.isfile(full):
-        raise ConfigError(f"{label}: {path} does not exist (no such file)")
-    module_name = "pydtnn_user_" + hashlib.sha1(full.encode()).hexdigest()[:12]
-    loader_spec = importlib.util.spec_from_file_location(module_name, full)
-    if loader_spec is None or loader_spec.loader is None:
-        raise ConfigError(f"{label}: {path} cannot be imported as Python (is it a .py file?)")
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[module_name] = module
+def load_file(path: str, label: str):
+    """Import a .py file (`pydtnn.user_files`), with every failure while it runs one line starting with `label`."""
     try:
-        with importable_folder(os.path.dirname(full)):
-            loader_spec.loader.exec_module(module)
-    except errors as e:
-        sys.modules.pop(module_name, None)
-        raise ConfigError(f"{label}: {path} failed to load{_line_of(e)}: {type(e).__name__}: {one_line(e)}") from None
-    except BaseException:
-        sys.modules.pop(module_name, None)
+        return import_user_file(path, f"{label}: file")
+    except ConfigError:
         raise
-    return module
+    except Exception as e:                         # noqa: BLE001  (a bug in the file's code too: one line)
+        raise ConfigError(f"{label}: {path} failed to load: {type(e).__name__}: {one_line(e)}") from None
 
 
 def _import(name, label):
@@ -74,27 +57,3 @@ def construct(spec: str, what: str, base=None):
         return cls()
     except Exception as e:                         # noqa: BLE001
         raise ConfigError(f"{what} {spec}: {cls.__name__}() failed: {type(e).__name__}: {one_line(e)}") from None
-
-
-def one_line(e) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else "(no message)"
-
-
-def _line_of(e) -> str:
-    return f" (line {e.lineno})" if isinstance(e, SyntaxError) and e.lineno else ""
-
-
-@contextlib.contextmanager
-def importable_folder(folder):
-    """Put `folder` first on sys.path for the duration (a user's file's `import mylayers` finds its
-    neighbour), then take off exactly the entry added: nothing leaks to later imports."""
-    added = folder not in sys.path
-    if added:
-        sys.path.insert(0, folder)
-    try:
-        yield
-    finally:
-        if added:
-            with contextlib.suppress(ValueError):      # the file took it off itself
-                sys.path.remove(folder)
