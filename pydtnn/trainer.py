@@ -103,8 +103,7 @@ class Trainer:
         # reduction, synchronized BatchNorm, clipping, update
         self.dp = DataParallel(model, optimizer, global_batch=self.global_batch, comm=self.comm, sizes=sizes,
                                policy=policy if policy is not None else
-                               make_policy("dynamic" if balance_mode == "dynamic" else "none",
-                                           interval=rebalance_interval),
+                               make_policy(balance_mode, interval=rebalance_interval),
                                weighting=gradient_weighting, loss=self.loss, caps=max_local_batch,
                                non_blocking=non_blocking, sync_batchnorm=sync_batchnorm, clip_grad_norm=clip_grad_norm,
                                timer=self.timer)
