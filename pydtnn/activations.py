@@ -84,16 +84,15 @@ class GELU(Layer):
         if self.approximate == "tanh":
             self.t = xp.tanh(x.dtype.type(math.sqrt(2 / math.pi)) * (x + x.dtype.type(0.044715) * x * x * x))
             return 0.5 * x * (one + self.t)
-        self.cdf = 0.5 * self.backend.erfc(x * x.dtype.type(-math.sqrt(0.5)))     # accurate in both tails
-        return x * self.cdf
+        y, self.ctx = self.backend.gelu_forward(x)          # x Phi(x), Phi through erfc: accurate in both tails
+        return y
 
     def backward(self, dy):
         x, xp = self.x, self.xp
         if self.approximate == "tanh":
             t, c = self.t, x.dtype.type(math.sqrt(2 / math.pi))
             return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + x.dtype.type(3 * 0.044715) * x * x))
-        pdf = xp.exp(-0.5 * x * x) * x.dtype.type(1 / math.sqrt(2 * math.pi))
-        return dy * (self.cdf + x * pdf)
+        return self.backend.gelu_backward(dy, self.ctx)
 
 
 class SiLU(Layer):

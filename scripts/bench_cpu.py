@@ -273,6 +273,61 @@ def bench_row(name, batch, threads, rounds, steps, breakdown=False, conv_algorit
             "ratios": ratios, "same_loss": same, "loss": (first_ours, first_theirs), "breakdown": table}
 
 
+def user_loop_row(name, batch, threads, rounds, steps):
+    """The loop a user writes: the public API only (`Model`, `build_model`, `forward`, a loss, `backward`,
+    an optimizer's `step`), no launcher, threads limited the ordinary way (threadpoolctl for PyDTNN's
+    BLAS, `torch.set_num_threads` for PyTorch); blocks of `steps` steps alternated with PyTorch's own
+    training loop on the mirrored network."""
+    import torch
+    from threadpoolctl import threadpool_limits
+    from pydtnn import Model
+    from pydtnn.losses import CategoricalCrossEntropy
+    from pydtnn.models import build_model, default_input_shape
+    from pydtnn.optimizers import SGD
+
+    model = Model("cpu", "float32", seed=0)
+    build_model(name, model)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch,) + tuple(default_input_shape(name))).astype(np.float32)
+    labels = rng.integers(0, model.output_shape[0], batch)
+    y = np.eye(model.output_shape[0], dtype=np.float32)[labels]
+    net = mirror(model)
+    net.train()
+    loss, opt = CategoricalCrossEntropy(), SGD(learning_rate=0.01, momentum=0.9)
+    topt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    tx, ty = torch.from_numpy(x), torch.from_numpy(labels)
+    lossf = torch.nn.CrossEntropyLoss()
+
+    def ours():
+        out = model.forward(x, training=True)
+        value, dy = loss(out, y)
+        model.backward(dy)
+        opt.step(model.params, model.grads)
+        return value
+
+    def theirs():
+        topt.zero_grad(set_to_none=True)
+        value = lossf(net(tx), ty)
+        value.backward()
+        topt.step()
+        return value.item()
+
+    with threadpool_limits(threads):
+        torch.set_num_threads(threads)
+        ours(), theirs()                                   # warm-up (compilation, first allocations)
+        t_ours, t_theirs, ratios = [], [], []
+        for _ in range(rounds):
+            for fn, acc in ((ours, t_ours), (theirs, t_theirs)):
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    fn()
+                acc.append((time.perf_counter() - t0) / steps)
+            ratios.append(t_ours[-1] / t_theirs[-1])
+    return {"model": name + " (user loop)", "threads": threads, "batch": batch, "conv_algorithm": "auto",
+            "ours_ms": 1e3 * statistics.median(t_ours), "torch_ms": 1e3 * statistics.median(t_theirs),
+            "ratios": ratios}
+
+
 # --- the data-parallel row: PyDTNN's launcher against PyTorch DDP (gloo), 2 ranks x 1 thread -------------
 
 def ddp_worker(a):
@@ -374,6 +429,9 @@ def main():
     ap.add_argument("--ddp_port", type=int, default=29517)
     ap.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--skip_single", action="store_true", help="only the --ddp row")
+    ap.add_argument("--user_loop", action="store_true",
+                    help="time the loop a user writes (public API, no launcher, threadpoolctl) instead of the "
+                         "zoo step (compute_gradients)")
     a = ap.parse_args()
     if a.ddp_worker:
         return ddp_worker(a)
@@ -386,6 +444,13 @@ def main():
     algorithms = a.conv_algorithms.split(",")
     for name in ([] if a.skip_single else a.models.split(",")):
         for threads in [int(t) for t in a.threads.split(",")]:
+            if a.user_loop:
+                row = user_loop_row(name, a.batch, threads, a.rounds, a.steps)
+                rows.append(row)
+                print(f"{row['model']:<30} threads={threads} pydtnn {row['ours_ms']:8.1f} ms  "
+                      f"torch {row['torch_ms']:8.1f} ms  ratio {row['ours_ms'] / row['torch_ms']:5.2f} "
+                      f"({min(row['ratios']):.2f}-{max(row['ratios']):.2f})", flush=True)
+                continue
             for alg in algorithms:
                 row = bench_row(name, a.batch, threads, a.rounds, a.steps, a.breakdown, alg)
                 rows.append(row)

@@ -162,6 +162,34 @@ class Backend:
         return self.xp.maximum(y, 0, out=y) if relu else y
 
     # --- element-wise and row kernels of the sequence layers (device-independent defaults) ------------
+    def matmul(self, a, b, out=None):      # a @ b as numpy.matmul (FC, attention); the CPU backend threads it
+        return self.xp.matmul(a, b, out=out)
+
+    def gelu_forward(self, x):
+        """(y, ctx) of the exact GELU y = x Phi(x), Phi through erfc (accurate in both tails)."""
+        cdf = 0.5 * self.erfc(x * x.dtype.type(-0.7071067811865476))
+        return x * cdf, (x, cdf)
+
+    def gelu_backward(self, dy, ctx):
+        x, cdf = ctx
+        pdf = self.xp.exp(-0.5 * x * x) * x.dtype.type(0.3989422804014327)      # 1 / sqrt(2 pi)
+        return dy * (cdf + x * pdf)
+
+    def layernorm_forward(self, x, gamma, beta, eps: float):
+        """(y, ctx) of LayerNorm over the last axis: x_hat = (x - mean) / sqrt(var + eps), y = x_hat gamma + beta."""
+        centred = x - x.mean(axis=-1, keepdims=True)
+        inv_std = 1 / self.xp.sqrt((centred * centred).mean(axis=-1, keepdims=True) + x.dtype.type(eps))
+        x_hat = centred * inv_std
+        return x_hat * gamma + beta, (x_hat, inv_std)
+
+    def layernorm_backward(self, dy, ctx, gamma):
+        """(dx, dgamma, dbeta) of `layernorm_forward`."""
+        x_hat, inv_std = ctx
+        rows = tuple(range(dy.ndim - 1))
+        g = dy * gamma
+        dx = inv_std * (g - g.mean(axis=-1, keepdims=True) - x_hat * (g * x_hat).mean(axis=-1, keepdims=True))
+        return dx, (dy * x_hat).sum(axis=rows), dy.sum(axis=rows)
+
     def erfc(self, x):
         """The complementary error function, to double precision (GELU); see `_special`."""
         from pydtnn.backends._special import erfc

@@ -73,8 +73,9 @@ def pays(spec, h: int, w: int) -> bool:
     """The "auto" rule, measured on this project's machines (docs/performance.md): Winograd wins in all
     three passes once both channel counts reach 32; with fewer, the per-tile transforms cost more than
     the GEMMs save (16 -> 16: forward 0.78-0.91x, backward weights 0.94-1.20x against 512-row direct
-    blocks, slower than the 256-row blocks the direct backward weights now uses)."""
-    return spec.in_channels >= 32 and spec.out_channels >= 32
+    blocks, slower than the 256-row blocks the direct backward weights now uses). Images smaller than one
+    output tile waste most of it: VGG-11's 512 -> 512 on 2x2 ran 1.9-2.8x slower than direct."""
+    return spec.in_channels >= 32 and spec.out_channels >= 32 and min(h, w) >= TILE
 
 
 def chunk_tiles(c: int, k: int, m: int = TILE) -> int:
@@ -91,37 +92,103 @@ def _kron_g(m: int, transposed: bool = False):
     return np.ascontiguousarray(k.T if transposed else k)
 
 
-def filter_transform(w, m: int, dtype):
-    """U (a*a, C, K) = G g G^T of every filter g = w[k, c] (w: (K, C, 3, 3), user layout), in float64."""
+def filter_transform(w, m: int, dtype, nt: int = 1, flipped: bool = False, run=None, out=None):
+    """U (a*a, C, K) = G g G^T of every filter g = w[k, c] (w: (K, C, 3, 3), user layout), summed in float64.
+    `flipped`: of the filters of backward data instead, g = w[k, c, ::-1, ::-1] with in/out channels swapped
+    (U of shape (a*a, K, C)). In `nt` parts through `run` (the thread pool's), reading w where it lies, into
+    `out` (a flat buffer of at least U's size, reused: a fresh U of 512 x 512 filters is 38 MB of new pages)."""
     k, c = w.shape[0], w.shape[1]
-    wt = np.ascontiguousarray(np.asarray(w).transpose(2, 3, 1, 0)).reshape(9, c * k)   # (taps, (C, K))
-    u = np.empty(((m + 2) ** 2, c * k), dtype)
-    _apply_rows(_kron_g(m), wt, u)
-    return u.reshape(-1, c, k)
+    w = np.ascontiguousarray(w, dtype=dtype)
+    mat = _kron_g(m)[:, ::-1].copy() if flipped else _kron_g(m)
+    rows, cols = (k, c) if flipped else (c, k)
+    size = (m + 2) ** 2 * rows * cols
+    u = (np.empty(size, dtype) if out is None else out[:size]).reshape(-1, rows * cols)
+    # element (row i, column j) of U's (rows, cols) plane reads w at i * si + j * sj + tap
+    si, sj = (9 * c, 9) if flipped else (9, 9 * c)
+    (run or _serial)(_filter_rows, nt, mat, w.reshape(-1), u.reshape(-1), rows, cols, si, sj)
+    return u.reshape(-1, rows, cols)
 
 
-def weight_grad_transform(du, m: int, k: int, c: int, dtype):
-    """dw (K, C, 3, 3) = G^T dU G from dU (a*a, C, K), in float64."""
-    dw = np.empty((9, c * k), dtype)
-    _apply_rows(_kron_g(m, True), np.asarray(du).reshape(-1, c * k), dw)
-    return np.ascontiguousarray(dw.reshape(3, 3, c, k).transpose(3, 2, 0, 1))
+def weight_grad_transform(du, m: int, k: int, c: int, dtype, nt: int = 1, run=None):
+    """dw (K, C, 3, 3) = G^T dU G from dU (a*a, C, K) or from the sum of the parts' dU (parts, a*a, C, K),
+    summed in float64, in `nt` parts (column ranges) through `run`."""
+    du = np.ascontiguousarray(du)
+    dwt = np.empty(9 * c * k, dtype)
+    mat = _kron_g(m, True)
+    (run or _serial)(_apply_cols, nt, mat, du.reshape(-1), dwt, du.size // (mat.shape[1] * c * k), c * k)
+    return np.ascontiguousarray(dwt.reshape(3, 3, c, k).transpose(3, 2, 0, 1))
+
+
+def _serial(fn, nt, *args):
+    for t in range(nt):
+        fn(t, nt, *args)
+
+
+_BLOCK = 128        # filters per block: the block's taps and sums stay in L1 (the old whole-row loops streamed
+#                     every row of 262k filters 36 times from memory: 330 ms for 512 x 512 filters)
 
 
 @njit(**_NJ)
-def _apply_rows(mat, src, dst):
-    """dst (P, L) = mat (P, Q) @ src (Q, L), summed in float64, vectorized along L (the filters)."""
+def _filter_rows(t, nt, mat, w, dst, rows, cols, si, sj):
+    """Rows t*rows//nt ... of dst (P, rows*cols, flat) = mat (P, 9) @ taps, taps of (i, j) at w[i*si + j*sj + q].
+    Rows go in groups of 16 inside each block of columns: when sj is large (reading w is a transpose),
+    the group's rows then reuse the lines of w its first row brought into cache."""
     P, Q = mat.shape
-    L = src.shape[1]
-    acc = np.empty(L, np.float64)
-    for p in range(P):
-        acc[:] = 0.0
-        for q in range(Q):
+    taps = np.empty(Q * _BLOCK, np.float64)
+    acc = np.empty(_BLOCK, np.float64)
+    r0, r1 = t * rows // nt, (t + 1) * rows // nt
+    for i0 in range(r0, r1, 16):
+        for j0 in range(0, cols, _BLOCK):
+            nb = min(_BLOCK, cols - j0)
+            for i in range(i0, min(i0 + 16, r1)):
+                _filter_block(mat, w, dst, taps, acc, i, j0, nb, cols, si, sj)
+
+
+@njit(**_NJ)
+def _filter_block(mat, w, dst, taps, acc, i, j0, nb, cols, si, sj):
+    P, Q = mat.shape
+    B, nbu = uint64(_BLOCK), uint64(nb)
+    for jj in range(nbu):
+        base = uint64(i * si + j0 * sj) + jj * uint64(sj)
+        for q in range(uint64(Q)):
+            taps[q * B + jj] = w[base + q]
+    out = uint64(i * cols + j0)
+    cu = uint64(dst.size // P)
+    for p in range(uint64(P)):
+        for jj in range(nbu):
+            acc[jj] = 0.0
+        for q in range(uint64(Q)):
             coef = mat[p, q]
             if coef != 0.0:
-                for l in range(L):
-                    acc[l] += coef * src[q, l]
-        for l in range(L):
-            dst[p, l] = acc[l]
+                tq = q * B
+                for jj in range(nbu):
+                    acc[jj] += coef * taps[tq + jj]
+        o = p * cu + out
+        for jj in range(nbu):
+            dst[o + jj] = acc[jj]
+
+
+@njit(**_NJ)
+def _apply_cols(t, nt, mat, src, dst, S, L):
+    """Columns t*L//nt ... of dst (P, L) = mat (P, Q) @ sum_s src[s] (Q, L), summed in float64; flat arrays
+    indexed with unsigned offsets (signed ones keep the loops scalar, see `_cpu_kernels`)."""
+    P, Q = mat.shape
+    l0, l1 = uint64(t * L // nt), uint64((t + 1) * L // nt)
+    nl = l1 - l0
+    Lu, QL = uint64(L), uint64(Q * L)
+    acc = np.empty(nl, np.float64)
+    for p in range(P):
+        acc[:] = 0.0
+        for sp in range(uint64(S)):
+            for q in range(uint64(Q)):
+                coef = mat[p, q]
+                if coef != 0.0:
+                    base = sp * QL + q * Lu + l0
+                    for i in range(nl):
+                        acc[i] += coef * src[base + i]
+        out = uint64(p) * Lu + l0
+        for i in range(nl):
+            dst[out + i] = acc[i]
 
 
 @njit(**_NJ)

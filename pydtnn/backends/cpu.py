@@ -15,6 +15,7 @@ Design (see `_cpu_conv` for the convolution algorithm):
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 
@@ -25,6 +26,8 @@ from pydtnn.backends import Backend, ConvSpec, PoolSpec, parse_dtype
 from pydtnn.backends import _cpu_blas as blas
 from pydtnn.backends import _cpu_conv as kc
 from pydtnn.backends import _cpu_kernels as kp
+from pydtnn.backends import _cpu_matmul as kmm
+from pydtnn.backends import _cpu_rows as krows
 from pydtnn.backends import _cpu_softmax as ksm
 from pydtnn.backends import _cpu_special as kspecial
 from pydtnn.backends import _cpu_planes as planes
@@ -53,6 +56,9 @@ def _use_fold(ho, wo, k) -> bool:
 
 # Below this many elements a kernel runs on the calling thread only (a hand-off to a worker costs ~15 us).
 _PARALLEL_MIN = 32768
+# `_pointwise`: 1x1 convolutions on images of at most this many pixels (4x4) run as one whole-batch GEMM
+# (measured 1.3-7x faster on 4x4 and 2x2 images, mixed on 8x8, slower on 32x32)
+_POINTWISE_MAX_HW = 16
 _CPUS = os.cpu_count() or 1
 
 
@@ -90,6 +96,7 @@ class CPUBackend(Backend):
         self.use_blas_kernels = blas.GEMM_OK     # False: NumPy fallback for convolutions (also for tests)
         self._force_fold = False                 # tests/benchmarks: always use the im2col packing
         self._parallel_min = _PARALLEL_MIN       # tests: 0 runs even tiny kernels on several threads
+        self._buffers: dict = {}                 # `_scratch`
 
     # --- arrays -------------------------------------------------------------------------------------
     def asarray(self, a):
@@ -187,11 +194,23 @@ class CPUBackend(Backend):
                 y += bias
             return y, (x,)
         if self._winograd(spec, h, wd):
-            self._wino_fwd(x, wino.filter_transform(w, wino.TILE, self.dtype), bias, y, spec.padding)
+            self._wino_fwd(x, self._wino_filters(w), bias, y, spec.padding)
+            return y, (x,)
+        if self._pointwise(spec, ho, wo):
+            self.matmul(x.reshape(-1, c), self._c(np.asarray(w)[:, :, 0, 0]).T, out=y.reshape(-1, k))
+            if b is not None:
+                y += bias
             return y, (x,)
         wt = self._c(np.asarray(w).transpose(2, 3, 1, 0)).reshape(-1)       # (kh, kw, C, K)
         self._conv_fwd_core(x, wt, bias, y, spec, n, h, wd, c, k, ho, wo)
         return y, (x,)
+
+    def _pointwise(self, spec: ConvSpec, ho, wo) -> bool:
+        """A 1x1 stride-1 convolution on small images: one GEMM over the whole batch's pixels. The row
+        blocks of `_cpu_conv` stay within an image, and on 2x2 or 4x4 images each block's thin GEMM reads
+        all the weights again (MobileNet's 1024 -> 1024 on 2x2: 13 GFLOP/s)."""
+        (kh, kw), (sh, sw), (ph, pw) = spec.kernel, spec.stride, spec.padding
+        return (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and spec.groups == 1 and ho * wo <= _POINTWISE_MAX_HW
 
     def _planes(self, spec: ConvSpec) -> bool:
         """Very few channels: the BLAS-free plane kernels (`_cpu_planes`), unless Winograd is forced."""
@@ -203,6 +222,20 @@ class CPUBackend(Backend):
         if self.conv_algorithm == "direct" or not self.use_blas_kernels or not wino.applies(spec):
             return False
         return self.conv_algorithm == "winograd" or wino.pays(spec, h, w)
+
+    def _wino_filters(self, w, flipped=False):
+        """U = G g G^T of every filter (of the flipped, channel-swapped ones: backward data), threaded."""
+        u_size = (wino.TILE + 2) ** 2 * w.shape[0] * w.shape[1]
+        return wino.filter_transform(w, wino.TILE, self.dtype, self._nt(u_size), flipped, POOL.run,
+                                     self._scratch("winograd_u", u_size))
+
+    def _scratch(self, name, size):
+        """A flat buffer of at least `size` elements kept between calls (used within one call only): large
+        fresh arrays cost a page fault per 4 KiB on first touch, about as much as the work on them."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.size < size:
+            buf = self._buffers[name] = np.empty(size, self.dtype)
+        return buf[:size]
 
     def _wino_fwd(self, x, u, bias, y, padding):
         n, h, wd, c = x.shape
@@ -220,13 +253,15 @@ class CPUBackend(Backend):
         m = wino.TILE
         a = m + 2
         nt = self._nt(max(x.size, dy.size))
-        acc = np.zeros((nt, a * a * c * k), self.dtype)
+        acc = self._scratch("winograd_du", nt * a * a * c * k).reshape(nt, -1)
+        acc.fill(0)
         dbacc = np.zeros((nt, k), self.dtype)
         with blas.blas_single_thread():
             POOL.run(wino.bwd_w, nt, blas.gemm_ptr(self.dtype), x.reshape(-1), dy.reshape(-1), acc, dbacc,
                      n, h, wd, c, k, ho, wo, spec.padding[0], spec.padding[1], m, wino.chunk_tiles(c, k), with_bias)
-        du, db = (acc[0], dbacc[0]) if nt == 1 else (acc.sum(axis=0), dbacc.sum(axis=0))
-        return wino.weight_grad_transform(du, m, k, c, self.dtype), (db if with_bias else None)
+        db = dbacc.sum(axis=0)
+        dw = wino.weight_grad_transform(acc, m, k, c, self.dtype, self._nt(acc.size), POOL.run)   # sums the parts
+        return dw, (db if with_bias else None)
 
     def _conv_fwd_core(self, x, wt, bias, y, spec, n, h, wd, c, k, ho, wo):
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = spec.kernel, spec.stride, spec.padding, spec.dilation
@@ -259,10 +294,13 @@ class CPUBackend(Backend):
             return dx
         if not self.use_blas_kernels:
             return self._bwd_data_numpy(dy, self._c(w), spec, x.shape, ho, wo)
+        if self._pointwise(spec, ho, wo):
+            self.matmul(dy.reshape(-1, k), self._c(w[:, :, 0, 0]), out=dx.reshape(-1, c))
+            return dx
         pth, ptw = dh * (kh - 1) - ph, dw * (kw - 1) - pw
         if self._winograd(spec, h, wd):
             # dx = conv(dy, flipped filter with in/out channels swapped), padding 2 - p (negative: a crop)
-            u = wino.filter_transform(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), wino.TILE, self.dtype)
+            u = self._wino_filters(w, flipped=True)
             self._wino_fwd(dy, u, np.empty(0, self.dtype), dx, (pth, ptw))
             return dx
         if sh == 1 and sw == 1 and pth >= 0 and ptw >= 0:
@@ -301,6 +339,10 @@ class CPUBackend(Backend):
             return np.ascontiguousarray(dwu, dtype=self.dtype), db
         if self._winograd(spec, h, wd):
             return self._wino_bwd_w(x, dy, spec, with_bias)
+        if self._pointwise(spec, ho, wo):
+            dy2 = dy.reshape(-1, k)
+            dwu = self.matmul(dy2.T, x.reshape(-1, c)).reshape(k, c, 1, 1)
+            return dwu, (dy2.sum(axis=0) if with_bias else None)
         if self._planes(spec):
             nt = self._nt(dy.size)
             acc = np.zeros((nt, k, c, kh, kw))
@@ -386,6 +428,51 @@ class CPUBackend(Backend):
         out = np.empty_like(x)
         POOL.run(kspecial.erfc, self._nt(x.size), x.reshape(-1), out.reshape(-1), x.size)
         return out
+
+    # --- GELU and last-axis LayerNorm (the sequence layers): one pass each way, numba ------------------
+    def gelu_forward(self, x):
+        if x.dtype != self.dtype:
+            return super().gelu_forward(x)
+        x = self._c(x)
+        y, cdf = np.empty_like(x), np.empty_like(x)
+        POOL.run(krows.gelu_fwd, self._nt(x.size), x.reshape(-1), y.reshape(-1), cdf.reshape(-1), x.size)
+        return y, (x, cdf)
+
+    def gelu_backward(self, dy, ctx):
+        x, cdf = ctx
+        if dy.dtype != self.dtype or dy.shape != x.shape:
+            return super().gelu_backward(dy, ctx)
+        dy = self._c(dy)
+        dx = np.empty_like(dy)
+        POOL.run(krows.gelu_bwd, self._nt(dy.size), dy.reshape(-1), x.reshape(-1), cdf.reshape(-1),
+                 dx.reshape(-1), dy.size)
+        return dx
+
+    def layernorm_forward(self, x, gamma, beta, eps: float):
+        if x.dtype != self.dtype:
+            return super().layernorm_forward(x, gamma, beta, eps)
+        x = self._c(x)
+        d = x.shape[-1]
+        rows = x.size // d
+        y, x_hat = np.empty_like(x), np.empty_like(x)
+        inv_std = np.empty(rows, self.dtype)
+        POOL.run(krows.layernorm_fwd, self._nt(x.size), x.reshape(-1), self._vec(gamma), self._vec(beta),
+                 y.reshape(-1), x_hat.reshape(-1), inv_std, rows, d, float(eps))
+        return y, (x_hat, inv_std)
+
+    def layernorm_backward(self, dy, ctx, gamma):
+        x_hat, inv_std = ctx
+        if dy.dtype != self.dtype or dy.shape != x_hat.shape or inv_std.ndim != 1:
+            return super().layernorm_backward(dy, ctx, gamma)
+        dy = self._c(dy)
+        d = dy.shape[-1]
+        rows = dy.size // d
+        nt = self._nt(dy.size)
+        dgamma, dbeta = np.zeros((nt, d)), np.zeros((nt, d))
+        dx = np.empty_like(dy)
+        POOL.run(krows.layernorm_bwd, nt, dy.reshape(-1), x_hat.reshape(-1), inv_std, self._vec(gamma),
+                 dx.reshape(-1), dgamma, dbeta, rows, d)
+        return dx, dgamma.sum(axis=0).astype(self.dtype), dbeta.sum(axis=0).astype(self.dtype)
 
     # --- row softmax (attention, Softmax layers): fused numba kernels, in place -----------------------
     def softmax(self, s, causal=False):
@@ -508,3 +595,39 @@ class CPUBackend(Backend):
         POOL.run(kp.bn_affine, nt, xf, dyf, mu, self._vec(k1), self._vec(k2), self._vec(k3),
                  dx.reshape(-1), m, c, True, fk2, fk3, relu)
         return dx, dgamma, dbeta
+
+    # --- matrix products (FC, attention): on the pool, single-threaded BLAS per part ------------------
+    def matmul(self, a, b, out=None):
+        """a @ b as `numpy.matmul` (leading axes broadcast), optionally into `out` (C-contiguous)."""
+        ok = (self.use_blas_kernels and a.ndim >= 2 and b.ndim >= 2 and a.dtype == self.dtype == b.dtype
+              and a.shape[-1] == b.shape[-2] and min(a.shape[-2], a.shape[-1], b.shape[-1]) > 0)
+        if not ok:
+            return np.matmul(a, b, out=out)
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        nb = math.prod(batch)
+        nt = self._nt(nb * m * n * k // 16)            # a hand-off (~15 us) against ~16 multiply-adds per element
+        if nt == 1:                                    # NumPy's own call is cheaper; BLAS on this thread only
+            with blas.blas_single_thread():
+                return np.matmul(a, b, out=out)
+        ta, tb = kmm.operand(a), kmm.operand(b)
+        if ta is None:
+            a = np.ascontiguousarray(a)
+            ta = kmm.operand(a)
+        if tb is None:
+            b = np.ascontiguousarray(b)
+            tb = kmm.operand(b)
+        shape = batch + (m, n)
+        c = out if (out is not None and out.shape == shape and out.dtype == self.dtype
+                    and out.flags.c_contiguous) else np.empty(shape, self.dtype)
+        item = c.itemsize
+        c_off = np.arange(nb, dtype=np.int64) * (m * n * item)
+        one, zero = self.dtype.type(1), self.dtype.type(0)
+        with blas.blas_single_thread():
+            POOL.run(kmm.gemm_parts, nt, blas.gemm_ptr(self.dtype), a.ctypes.data, b.ctypes.data, c.ctypes.data,
+                     kmm.batch_offsets(a, batch), kmm.batch_offsets(b, batch), c_off, m, n, k, ta[0], tb[0],
+                     ta[1], tb[1], n, one, zero, ta[2], tb[3], item)
+        if out is not None and c is not out:
+            out[...] = c
+            return out
+        return c

@@ -54,13 +54,13 @@ class MultiHeadAttention(Layer):
         return a.reshape(n, t, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
 
     def forward(self, x, training=False):
-        xp = self.xp
+        xp, mm = self.xp, self.backend.matmul      # mm: the backend's threads (CPU: no nested BLAS threads)
         n, t, d = x.shape
         self.x = x
-        qkv = x.reshape(n * t, d) @ self.in_proj_weight.T + self.in_proj_bias          # (N T, 3D)
+        qkv = mm(x.reshape(n * t, d), self.in_proj_weight.T) + self.in_proj_bias          # (N T, 3D)
         q, k, v = (self._heads(qkv[:, i * d:(i + 1) * d], n, t) for i in range(3))
         scale = x.dtype.type(1 / math.sqrt(self.head_dim))
-        scores = xp.matmul(q, k.transpose(0, 1, 3, 2))                                 # (N, H, T, T)
+        scores = mm(q, k.transpose(0, 1, 3, 2))                                 # (N, H, T, T)
         scores *= scale
         attn = self.backend.softmax(scores, causal=self.causal)                       # in place
         self.mask = None
@@ -70,31 +70,31 @@ class MultiHeadAttention(Layer):
             self.mask = (draws < keep).astype(x.dtype).reshape(attn.shape)
             self.mask *= x.dtype.type(1 / keep)
         dropped = attn if self.mask is None else attn * self.mask
-        context = xp.matmul(dropped, v)                                               # (N, H, T, hd)
+        context = mm(dropped, v)                                               # (N, H, T, hd)
         context = context.transpose(0, 2, 1, 3).reshape(n * t, d)
         self.q, self.k, self.v, self.attn, self.dropped, self.context = q, k, v, attn, dropped, context
-        y = context @ self.out_proj_weight.T + self.out_proj_bias
+        y = mm(context, self.out_proj_weight.T) + self.out_proj_bias
         return y.reshape(n, t, d)
 
     def backward(self, dy):
-        xp = self.xp
+        xp, mm = self.xp, self.backend.matmul
         n, t, d = dy.shape
         dy2 = dy.reshape(n * t, d)
-        xp.matmul(dy2.T, self.context, out=self.d_out_proj_weight)
+        mm(dy2.T, self.context, out=self.d_out_proj_weight)
         dy2.sum(axis=0, out=self.d_out_proj_bias)
-        dcontext = self._heads(dy2 @ self.out_proj_weight, n, t)                       # (N, H, T, hd)
-        dv = xp.matmul(self.dropped.transpose(0, 1, 3, 2), dcontext)
-        dattn = xp.matmul(dcontext, self.v.transpose(0, 1, 3, 2))                      # (N, H, T, T)
+        dcontext = self._heads(mm(dy2, self.out_proj_weight), n, t)                       # (N, H, T, hd)
+        dv = mm(self.dropped.transpose(0, 1, 3, 2), dcontext)
+        dattn = mm(dcontext, self.v.transpose(0, 1, 3, 2))                      # (N, H, T, T)
         if self.mask is not None:
             dattn *= self.mask
         dscores = self.backend.softmax_backward(self.attn, dattn)                     # in place
         dscores *= dy.dtype.type(1 / math.sqrt(self.head_dim))
-        dq = xp.matmul(dscores, self.k)
-        dk = xp.matmul(dscores.transpose(0, 1, 3, 2), self.q)
+        dq = mm(dscores, self.k)
+        dk = mm(dscores.transpose(0, 1, 3, 2), self.q)
         dqkv = xp.concatenate([g.transpose(0, 2, 1, 3).reshape(n * t, d) for g in (dq, dk, dv)], axis=1)
         x2 = self.x.reshape(n * t, d)
-        xp.matmul(dqkv.T, x2, out=self.d_in_proj_weight)
+        mm(dqkv.T, x2, out=self.d_in_proj_weight)
         dqkv.sum(axis=0, out=self.d_in_proj_bias)
         if not self.input_grad_needed:
             return None
-        return (dqkv @ self.in_proj_weight).reshape(n, t, d)
+        return mm(dqkv, self.in_proj_weight).reshape(n, t, d)

@@ -34,7 +34,8 @@ class FC(Layer):
 
     def forward(self, x, training=False):
         self.x = x
-        y = x @ self.weights
+        mm = self.backend.matmul          # the backend's threads (CPU: one pool, no nested BLAS threads)
+        y = mm(x.reshape(-1, x.shape[-1]), self.weights).reshape(x.shape[:-1] + (self.out_features,))
         if self.use_bias:
             y += self.biases
         return y
@@ -45,7 +46,8 @@ class FC(Layer):
             x, dy_rows = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
         else:
             dy_rows = dy
-        self.xp.matmul(x.T, dy_rows, out=self.dw)
+        mm = self.backend.matmul
+        mm(x.T, dy_rows, out=self.dw)
         if self.use_bias:
             dy_rows.sum(axis=0, out=self.db)
-        return dy @ self.weights.T if self.input_grad_needed else None
+        return mm(dy_rows, self.weights.T).reshape(dy.shape[:-1] + (x.shape[-1],)) if self.input_grad_needed else None

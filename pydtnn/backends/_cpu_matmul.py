@@ -1,0 +1,70 @@
+"""Matrix products on the CPU backend's one thread pool (private helper of `cpu.py`).
+
+Why: a multi-threaded OpenBLAS call runs its own threads, which spin for a while after each call, next to
+the backend's pool workers, which spin too (`_cpu_pool`). On a 2-core machine at 2 threads that makes 3-4
+busy threads on 2 cores around every FC or attention product. Here the product is cut into parts that the
+pool runs, each part one single-threaded GEMM (OpenBLAS limited to one thread for the duration), so one
+pool of threads does all the work.
+
+Operands are any strided views whose matrices have unit stride along rows or along columns (x.T, head
+slices of a (N T, 3D) array...): they are passed as addresses with a transpose flag and a leading
+dimension, never copied. A batch of matrices (leading axes) is split over the parts; a single matrix is
+split along its longer output side.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from pydtnn.backends._cpu_blas import NO_TRANS, TRANS, gemm
+
+_NJ = {"cache": True, "nogil": True}
+
+
+@njit(**_NJ)
+def gemm_parts(t, nt, fptr, a, b, c, a_off, b_off, c_off, m, n, k, ta, tb, lda, ldb, ldc, alpha, beta,
+               a_rstride, b_cstride, item):
+    """Part t of nt of C[i] = alpha A[i] B[i] + beta C[i] for every matrix i of the batch (addresses
+    a + a_off[i] ... in bytes). One matrix: rows of C split when m >= n, else columns; a_rstride (b_cstride)
+    is the byte step of one row of A (one column of B), item the element size."""
+    nb = a_off.shape[0]
+    if nb > 1:
+        for i in range(t * nb // nt, (t + 1) * nb // nt):
+            gemm(fptr, ta, tb, m, n, k, alpha, a + a_off[i], lda, b + b_off[i], ldb, beta, c + c_off[i], ldc)
+        return
+    if m >= n:
+        r0, r1 = t * m // nt, (t + 1) * m // nt
+        if r1 > r0:
+            gemm(fptr, ta, tb, r1 - r0, n, k, alpha, a + a_off[0] + r0 * a_rstride, lda, b + b_off[0], ldb,
+                 beta, c + c_off[0] + r0 * ldc * item, ldc)
+    else:
+        c0, c1 = t * n // nt, (t + 1) * n // nt
+        if c1 > c0:
+            gemm(fptr, ta, tb, m, c1 - c0, k, alpha, a + a_off[0], lda, b + b_off[0] + c0 * b_cstride, ldb,
+                 beta, c + c_off[0] + c0 * item, ldc)
+
+
+def operand(a):
+    """(transpose flag, leading dimension, byte step of one row, byte step of one column) of the matrices
+    (last two axes) of a, or None when neither axis has unit stride."""
+    item = a.itemsize
+    rs, cs = a.strides[-2], a.strides[-1]
+    rows, cols = a.shape[-2], a.shape[-1]
+    if cs == item and rs % item == 0 and (rs // item >= max(1, cols) or rows == 1):
+        return NO_TRANS, max(rs // item, cols, 1), rs, cs
+    if rs == item and cs % item == 0 and (cs // item >= max(1, rows) or cols == 1):
+        return TRANS, max(cs // item, rows, 1), rs, cs
+    return None
+
+
+def batch_offsets(a, shape):
+    """Byte offsets of the matrices of a, broadcast over the batch `shape` (int64, flattened)."""
+    lead = a.ndim - 2
+    off = np.zeros(shape, np.int64)
+    for ax in range(lead):
+        size = a.shape[ax]
+        step = a.strides[ax] if size > 1 else 0
+        idx = [1] * len(shape)
+        idx[len(shape) - lead + ax] = -1
+        off = off + (np.arange(size, dtype=np.int64) * step).reshape(idx)
+    return np.ascontiguousarray(off.reshape(-1))
