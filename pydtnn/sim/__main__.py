@@ -49,7 +49,9 @@ def build_parser():
     r.add_argument("--global_batch_size", type=positive_int, required=True)
     r.add_argument("--replicas", type=positive_int, required=True)
     r.add_argument("--nodes", type=positive_int, default=1)
-    r.add_argument("--balance", default="none", choices=["none", "equal", "static", "probe", "dynamic"])
+    r.add_argument("--balance", default="none",
+                   help="none | equal | static | probe | dynamic, or a user's FILE.py:CLASS / module:CLASS "
+                        "(a pydtnn.parallel.balance.BalancePolicy), as the launcher's")
     r.add_argument("--replica_speeds", type=float_list, default=None, help="static: split proportional to these")
     r.add_argument("--speed_factors", type=float_list, default=None,
                    help="F1,...,FP relative replica speeds, the launcher's --emulate_speeds meaning")

@@ -16,7 +16,7 @@ import numpy as np
 from pydtnn.errors import ConfigError
 from pydtnn.parallel import balance
 from pydtnn.sim.collectives import resolve_algorithm
-from pydtnn.sim.policies import make_policy
+from pydtnn.sim.policies import PolicyDriver, make_policy
 from pydtnn.sim.step_model import Collective, StepModel
 from pydtnn.sim.variability import Stragglers, Variability
 
@@ -109,19 +109,28 @@ def simulate(sc: Scenario) -> Result:
     if sc.speed_factors is not None:
         f = np.asarray(sc.speed_factors, dtype=np.float64)
         emulate = f.max() / f
-    policy = make_policy(sc.policy, sc.replica_speeds, sc.rebalance_interval)
-    sizes = list(policy.initial_sizes(sc.global_batch, P, None))
+    driver = PolicyDriver(make_policy(sc.policy, sc.replica_speeds, sc.rebalance_interval), sc.global_batch, P)
+    sizes = driver.sizes
     model = _model(sc, sizes, collective, emulate)
     var = Variability(P, sc.noise, sc.stragglers, sc.seed)
+    rebalances = 0
+    if driver.wants_probe:
+        # the launcher's probe times each replica alone at its starting split before training: its speed
+        # there, in samples/s, from the same compute model (without noise: a probe takes a median)
+        alone = model.compute_alone if model.emulate is None else np.maximum(model.compute_alone, model.emulate)
+        new = driver.probed(model.sizes / np.maximum(alone, 1e-300))
+        if new is not None and new != sizes:
+            sizes = new
+            model = _model(sc, sizes, collective, emulate)
+            rebalances += 1
     steps = np.zeros(sc.steps)
     compute_sum, wait_sum = np.zeros(P), np.zeros(P)
-    rebalances = 0
     for s in range(sc.steps):
         t, compute, wait = model.step(var.factors(s))
         steps[s] = t
         compute_sum += compute
         wait_sum += wait
-        new = policy.after_step(s, compute / model.sizes)
+        new = driver.after_step(s, compute / model.sizes)
         if new is not None and list(new) != sizes:
             sizes = list(new)
             model = _model(sc, sizes, collective, emulate)

@@ -1,122 +1,49 @@
-"""The balancing policies, driven through the project's own code (pydtnn.parallel.balance).
+"""The balancing policies of the simulator are the launcher's: `pydtnn.parallel.policies.make_policy`.
 
-This is the one adapter between the simulator and the launcher's policies: each class has the interface
-of `pydtnn.parallel.balance.BalancePolicy` (``initial_sizes(global_batch, nreplicas, caps)``,
-``after_step(step, seconds_per_sample) -> list | None``, ``state_dict`` / ``load_state_dict``), and calls
-the functions the trainer calls: `balance.partition` for every split, `balance.DynamicBalancer` for
-``dynamic`` exactly as `Trainer.train_epoch` feeds it (``observe`` the step's compute seconds per
-sample, then ``maybe_rebalance(step)``). When the plug-in interface lands in balance.py, this file
-becomes a call to its ``make_policy``.
-
-- ``equal``: B split evenly (the launcher's ``--balance none``).
-- ``static``: proportional to ``replica_speeds`` (``--replica_speeds``); without them, the probe.
-- ``probe``: equal for the first ``probe_steps`` steps, then proportional to the speeds measured over
-  them (samples / median seconds), as the launcher's speed probe before training.
-- ``dynamic``: `DynamicBalancer` (``interval`` = ``--rebalance_interval``).
+`--balance` takes what the launcher's takes: none | equal | static | probe | dynamic, or a user's
+`FILE.py:CLASS` / `module:CLASS` (a `pydtnn.parallel.balance.BalancePolicy` subclass). `drive` is the part of
+the training loop that talks to a policy, as `pydtnn.cli` and `pydtnn.parallel.DataParallel` do it: the
+initial split, checked (`balance.check_split`) and put in `policy.sizes`; for a policy that wants a probe
+(static without speeds, probe), `probed(B, speeds, caps)` once before the first step with every replica's
+speed in samples/s; then after every step `after_step(step, seconds_per_sample)`, each new split checked.
 """
 from __future__ import annotations
 
-import numpy as np
-
-from pydtnn.errors import ConfigError
 from pydtnn.parallel import balance
+from pydtnn.parallel.policies import NAMES, make_policy as launcher_policy
 
-__all__ = ["POLICIES", "make_policy", "Equal", "Static", "Probe", "Dynamic"]
-
-
-class Equal:
-    name = "equal"
-
-    def initial_sizes(self, global_batch, nreplicas, caps=None):
-        return balance.partition(global_batch, [1.0] * nreplicas, caps)
-
-    def after_step(self, step, seconds_per_sample):
-        return None
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
+__all__ = ["NAMES", "make_policy", "PolicyDriver"]
 
 
-class Static(Equal):
-    name = "static"
-
-    def __init__(self, speeds=None):
-        self.speeds = None if speeds is None else list(speeds)
-
-    def initial_sizes(self, global_batch, nreplicas, caps=None):
-        if self.speeds is not None and len(self.speeds) != nreplicas:
-            raise ConfigError(f"--replica_speeds has {len(self.speeds)} values for {nreplicas} replicas")
-        return balance.partition(global_batch, self.speeds or [1.0] * nreplicas, caps)
+def make_policy(spec, replica_speeds=None, rebalance_interval=20):
+    """The launcher's policy for a --balance value (its replica speeds and rebalance interval)."""
+    return launcher_policy(spec, speeds=replica_speeds, interval=rebalance_interval)
 
 
-class Probe(Equal):
-    name = "probe"
+class PolicyDriver:
+    """One policy, called as the launcher calls it."""
 
-    def __init__(self, probe_steps=5):
-        self.probe_steps = int(probe_steps)
-        self._seen = []
+    def __init__(self, policy, global_batch: int, nreplicas: int, caps=None):
+        self.policy, self.global_batch, self.nreplicas, self.caps = policy, int(global_batch), int(nreplicas), caps
+        self.who = f"balance policy {policy.name}"
+        self.sizes = self._take(policy.initial_sizes(self.global_batch, self.nreplicas, caps))
 
-    def initial_sizes(self, global_batch, nreplicas, caps=None):
-        self.global_batch, self.caps = global_batch, caps
-        return balance.partition(global_batch, [1.0] * nreplicas, caps)
-
-    def after_step(self, step, seconds_per_sample):
-        if len(self._seen) >= self.probe_steps:
-            return None
-        self._seen.append(np.asarray(seconds_per_sample, dtype=np.float64))
-        if len(self._seen) < self.probe_steps:
-            return None
-        speeds = 1.0 / np.median(np.asarray(self._seen), axis=0)
-        return balance.partition(self.global_batch, speeds.tolist(), self.caps)
-
-    def state_dict(self):
-        return {"seen": np.asarray(self._seen)}
-
-    def load_state_dict(self, state):
-        self._seen = [np.asarray(r) for r in state["seen"]]
-
-
-class Dynamic(Equal):
-    name = "dynamic"
-
-    def __init__(self, interval=20, initial=None):
-        self.interval = int(interval)
-        self.initial = initial             # a policy whose split starts training (equal by default)
-        self.balancer = None
-
-    def initial_sizes(self, global_batch, nreplicas, caps=None):
-        sizes = (self.initial or Equal()).initial_sizes(global_batch, nreplicas, caps)
-        self.balancer = balance.DynamicBalancer(global_batch, nreplicas, interval=self.interval,
-                                                initial_sizes=sizes, caps=caps)
+    def _take(self, sizes):
+        sizes = balance.check_split(sizes, self.global_batch, self.nreplicas, self.caps, self.who)
+        self.policy.sizes = list(sizes)
         return list(sizes)
 
-    def after_step(self, step, seconds_per_sample):
-        if self.balancer.observe(seconds_per_sample):          # the trainer's two calls, in its order
-            return self.balancer.maybe_rebalance(step)
-        return None
+    @property
+    def wants_probe(self) -> bool:
+        return bool(getattr(self.policy, "wants_probe", False))
 
-    def state_dict(self):
-        return self.balancer.state_dict()
+    def probed(self, speeds) -> list | None:
+        """The probe's result (every replica's samples/s before training): the new split, or None."""
+        new = self.policy.probed(self.global_batch, [float(v) for v in speeds], self.caps)
+        return None if new is None else self._take(new)
 
-    def load_state_dict(self, state):
-        self.balancer.load_state_dict(state)
-
-
-POLICIES = ("equal", "static", "probe", "dynamic")
-
-
-def make_policy(spec: str, replica_speeds=None, rebalance_interval=20, probe_steps=5):
-    """A policy by name (the launcher's ``none`` is ``equal``); ``static`` without speeds probes."""
-    spec = {"none": "equal"}.get(spec, spec)
-    if spec == "equal":
-        return Equal()
-    if spec == "static":
-        return Static(replica_speeds) if replica_speeds else Probe(probe_steps)
-    if spec == "probe":
-        return Probe(probe_steps)
-    if spec == "dynamic":
-        return Dynamic(rebalance_interval)
-    raise ConfigError(f"--balance must be one of none, {', '.join(POLICIES)}, got {spec!r}")
+    def after_step(self, step: int, seconds_per_sample) -> list | None:
+        new = self.policy.after_step(step, [float(t) for t in seconds_per_sample])
+        if new is None:
+            return None
+        return self._take(new)
