@@ -193,6 +193,25 @@ def build(name, batch, seed=0, conv_algorithm="auto"):
     return model, x, labels
 
 
+def step_gflop(model, batch):
+    """GFLOP of a training step by direct convolution: 3x the forward's multiply-adds x 2 of the convolutions,
+    FC layers and attention products (forward, backward data, backward weights; the first layer's data
+    gradient counted too). Element-wise work is left out."""
+    from pydtnn import layers as L
+    fwd = 0
+    for layer in model.all_layers():
+        if isinstance(layer, L.Conv2D):
+            s, (k, ho, wo) = layer.spec, layer.shape
+            fwd += ho * wo * k * (s.in_channels // s.groups) * s.kernel[0] * s.kernel[1]
+        elif isinstance(layer, L.FC):
+            rows = int(np.prod(layer.in_shape[:-1])) if len(layer.in_shape) > 1 else 1
+            fwd += rows * layer.in_shape[-1] * layer.out_features
+        elif isinstance(layer, L.MultiHeadAttention):
+            t, d = layer.in_shape
+            fwd += 4 * t * d * d + 2 * t * t * d
+    return 3 * 2 * batch * fwd / 1e9
+
+
 class Breakdown:
     """Wraps every leaf layer's forward/backward to accumulate time per layer type."""
 
@@ -429,12 +448,17 @@ def main():
     ap.add_argument("--ddp_port", type=int, default=29517)
     ap.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--skip_single", action="store_true", help="only the --ddp row")
+    ap.add_argument("--flops", action="store_true", help="only print each model's step GFLOP by direct convolution")
     ap.add_argument("--user_loop", action="store_true",
                     help="time the loop a user writes (public API, no launcher, threadpoolctl) instead of the "
                          "zoo step (compute_gradients)")
     a = ap.parse_args()
     if a.ddp_worker:
         return ddp_worker(a)
+    if a.flops:
+        for name in a.models.split(","):
+            print(f"{name}: {step_gflop(build(name, a.batch)[0], a.batch):.2f} GFLOP per step (batch {a.batch})")
+        return
     try:
         import torch
     except ImportError:
