@@ -173,11 +173,16 @@ class Model:
         stop = len(self.layers) - 1 if fused else len(self.layers)
         out = self.forward(x, training=True, upto=stop)
         y = self.backend.asarray(y)
-        if fused:
-            value, y_pred, dy = loss.from_logits(out, y)
-        else:
+
+        def evaluate_loss(out):
+            if fused:
+                return loss.from_logits(out, y)
             value, dy = loss(out, y)
-            y_pred = out
+            return value, out, dy
+        timer = self.layer_timer
+        value, y_pred, dy = (evaluate_loss(out) if timer is None else      # a fused softmax is named with it
+                             timer.span(f"{self.layers[-1].name} + loss" if fused else "loss", "forward",
+                                        evaluate_loss, out))
         if loss_scale != 1.0:
             dy *= dy.dtype.type(loss_scale)
         self.backward(dy, on_grads_ready=on_grads_ready, start=stop, need_dx=False)

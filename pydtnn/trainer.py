@@ -9,8 +9,10 @@ One global step s (DESIGN.md, "Data-parallel step"):
    `pydtnn.parallel.sync_batchnorm`);
 3. the reduction (one blocking Allreduce, or reverse-order buckets overlapped with backward);
 4. the optimizer step, identical on every rank;
-5. a tiny SUM-allreduce of [b_i * loss, b_i * metrics, compute time per sample] so that every rank sees
-   the same global loss (a NaN stops all ranks together) and the same speeds (dynamic balancing).
+5. a tiny SUM-allreduce of [b_i * loss, b_i * metrics, compute time per sample, wait seconds] so that every
+   rank sees the same global loss (a NaN stops all ranks together) and the same speeds (dynamic balancing).
+Time blocked in any of these collectives (3., 5., and the BatchNorm syncs inside 2.) is the step's wait,
+never its compute (`pydtnn.trace.StepTimer`).
 Every rank runs the same number of steps whatever the split and the dataset size, so collectives match.
 
 Preemption (SIGTERM, SIGUSR1): the handler only sets a flag; the flag rides in the step's stats allreduce

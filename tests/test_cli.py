@@ -167,6 +167,8 @@ BEFORE_WORK = {   # mistakes in the flags: one line with nothing before it, not 
                                      "cosine: min_lr must be in [0, 0.01] (the learning rate), got 1"),
     "resume and a weights file": (["--resume", "ck.npz", "--weights_and_bias_filename", "w.npz"],
                                   "give one of the two"),
+    "trace steps in the wrong order": (["--tracing", "true", "--trace_steps", "5:2"],
+                                       "--trace_steps: expected 1 <= FIRST <= LAST, got '5:2'"),
 }
 
 

@@ -39,7 +39,7 @@ def _bn_layers():
     namespace = {}
     exec(BN_MODEL, namespace)
     model = namespace["create_model"](Model(seed=0))
-    return [layer.name for layer in model.layers[:-1]], model.nparams * 4
+    return [layer.name for layer in model.layers[:-1]] + ["softmax + loss"], model.nparams * 4
 
 
 def launch(args, timeout=120):
@@ -134,6 +134,7 @@ def test_profile_table_has_every_layer_and_gflops_for_conv_and_fc():
 
 # ------------------------------------------------------------------------------------------ MPI jobs
 
+@pytest.mark.mpi
 def test_synchronized_batchnorm_waits_are_waits_and_everything_is_recorded(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     model = tmp_path / "bnnet.py"
@@ -163,7 +164,7 @@ def test_synchronized_batchnorm_waits_are_waits_and_everything_is_recorded(tmp_p
         mine = [e for e in detailed if e["pid"] == pid and e["args"]["step"] == 2]
         assert all(e["args"]["b_i"] == b for e in mine)
         assert [e["name"] for e in mine if e["cat"] == "forward"] == layers
-        assert [e["name"] for e in mine if e["cat"] == "backward"] == layers[:0:-1]
+        assert [e["name"] for e in mine if e["cat"] == "backward"] == layers[-2:0:-1]
         syncs = [e for e in mine if e["cat"] == "bn_sync"]        # float64 sums of 4, 4 and 8 channels
         assert [e["args"]["bytes"] for e in syncs] == [8 * 9, 8 * 9, 8 * 17, 8 * 16, 8 * 8, 8 * 8]
         waited = sum(e["dur"] for e in syncs) * 1e-6
@@ -192,6 +193,7 @@ def test_synchronized_batchnorm_waits_are_waits_and_everything_is_recorded(tmp_p
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+@pytest.mark.mpi
 def test_bucket_reductions_overlap_the_backward_pass_and_the_emulated_slowdown_is_traced(tmp_path):
     # simplemlp in float64 is ~5.3 MB of gradients: several 1 MiB buckets, started during backward
     path = tmp_path / "trace.json"
@@ -211,3 +213,31 @@ def test_bucket_reductions_overlap_the_backward_pass_and_the_emulated_slowdown_i
         slow = [e for e in mine if e["name"] == "emulated slowdown"]
         # rank 1 at half speed: its 20 samples' pass is padded by 20 x COST
         assert (sum(e["dur"] for e in slow) * 1e-6 == pytest.approx(20 * COST, rel=REL)) if pid == 1 else not slow
+
+
+def test_the_simulators_profile_reads_the_per_layer_trace(tmp_path):
+    """pydtnn.sim's --trace calibration on this trace format: per-layer medians, nested BatchNorm waits left out."""
+    from pydtnn.sim.trace_profile import trace_profile
+    names = ["input", "flatten", "fc", "relu", "fc_1", "relu_1", "fc_2"]        # simplemlp, softmax fused
+    ev = []
+    for step in (2, 3):
+        t = 1e6 * step
+        for i, name in enumerate(names + ["softmax + loss"]):
+            dur = 100.0 * (i + 1) * step
+            ev.append({"name": name, "cat": "forward", "ph": "X", "pid": 0, "tid": 0, "ts": t, "dur": dur,
+                       "args": {"step": step}})
+            if name == "fc":           # a wait nested in a layer's event is not its compute
+                ev.append({"name": "bn_sync forward", "cat": "bn_sync", "ph": "X", "pid": 0, "tid": 0,
+                           "ts": t + 1, "dur": 50.0, "args": {"step": step}})
+            t += dur
+        for i, name in enumerate(reversed(names[1:])):
+            ev.append({"name": name, "cat": "backward", "ph": "X", "pid": 0, "tid": 0, "ts": t, "dur": 10.0 * step,
+                       "args": {"step": step}})
+            t += 10.0 * step
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    prof = trace_profile(str(path), "simplemlp", [32], rank=0)
+    # medians over steps 2 and 3 (the mean of the two), in seconds
+    expected_fwd = [1e-4 * (i + 1) * 2.5 - (5e-5 if name == "fc" else 0.0) for i, name in enumerate(names + ["softmax"])]
+    assert np.allclose(prof.forward_s[:, 0], expected_fwd, rtol=1e-12)
+    assert np.allclose(prof.backward_s[:, 0], [0.0] + [2.5e-5] * 6 + [0.0], rtol=1e-12)

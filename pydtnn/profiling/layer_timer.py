@@ -36,3 +36,14 @@ class LayerTimer:
         if self.profile is not None:
             self.profile.add(layer, phase, (t1 - t0) - (self.waited() - w0), len(data))
         return out
+
+    def span(self, name: str, phase: str, fn, *args):
+        """``fn(*args)`` as a timeline event only (the loss: not a layer of the profile's table)."""
+        if self.timeline is None:
+            return fn(*args)
+        self.synchronize()
+        t0 = self.timeline.now()
+        out = fn(*args)
+        self.synchronize()
+        self.timeline.add(name, t0, self.timeline.now(), phase)
+        return out

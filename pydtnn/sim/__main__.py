@@ -1,0 +1,215 @@
+"""pydtnn-simulate: predict a cluster before booking it.
+
+    pydtnn-simulate calibrate --model resnet20_cifar10 --out p.json          # measures this machine (~60 s)
+    pydtnn-simulate calibrate --model resnet20_cifar10 --trace trace.json --out p.json
+    pydtnn-simulate calibrate --model resnet20_cifar10 --roofline --cpu_speed 2e12 --out p.json
+    pydtnn-simulate run --profile p.json --model resnet20_cifar10 --global_batch_size 4096 --replicas 1024 \\
+        --balance dynamic --noise 0.05 --stragglers 8:2.0 --steps 1000 --json
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from pydtnn.cli import OneLineParser, boolean, float_list, nonneg_float, positive_int, positive_int_list
+from pydtnn.errors import ConfigError, PyDTNNError
+
+SAMPLES = {"mnist": 60000, "cifar10": 50000, "imagenet": 1281167}
+SWEEP_POLICIES = ("equal", "static", "dynamic")
+
+
+def build_parser():
+    p = OneLineParser(prog="pydtnn-simulate", description="PyDTNN's performance model and cluster simulator")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    c = sub.add_parser("calibrate", help="measure (or derive) a profile and write it as JSON")
+    c.add_argument("--model", dest="model_name", required=True)
+    c.add_argument("--dataset", dest="dataset_name", default=None, help="only fixes the input shape")
+    c.add_argument("--out", required=True, help="profile JSON to write")
+    c.add_argument("--dtype", default="float32")
+    c.add_argument("--batch_points", type=positive_int_list, default=[1, 8, 32, 128],
+                   help="local batch sizes at which each layer is timed")
+    c.add_argument("--seconds", type=nonneg_float, default=60.0, help="time budget: 55%% layers, 20%% network sweeps, the rest the launcher overhead runs")
+    c.add_argument("--mpi_processes", type=positive_int, default=2, help="processes of the network sweeps")
+    c.add_argument("--network", type=boolean, default=True, help="measure the MPI (false: alpha=beta=gamma=0)")
+    c.add_argument("--overhead", type=boolean, default=True,
+                   help="time the launcher's per-step work outside compute (two short one-rank runs)")
+    c.add_argument("--trace", default=None, help="build the profile from a launcher Chrome trace instead")
+    c.add_argument("--trace_sizes", type=positive_int_list, default=None, help="the split b_0,b_1,... of a trace without per-layer events")
+    c.add_argument("--trace_rank", type=int, default=0)
+    c.add_argument("--roofline", action="store_true", help="build the profile from the five flags below")
+    _roofline_flags(c)
+
+    r = sub.add_parser("run", help="simulate training on a (possibly imaginary) cluster")
+    r.add_argument("--profile", default=None,
+                   help="FILE[:COUNT],... device profiles (COUNT replicas each; one file: every replica); "
+                        "without it, the roofline mode from the flags below")
+    r.add_argument("--model", dest="model_name", default=None)
+    r.add_argument("--dataset", dest="dataset_name", default=None, choices=sorted(SAMPLES))
+    r.add_argument("--samples", type=positive_int, default=None, help="training samples per epoch")
+    r.add_argument("--global_batch_size", type=positive_int, required=True)
+    r.add_argument("--replicas", type=positive_int, required=True)
+    r.add_argument("--nodes", type=positive_int, default=1)
+    r.add_argument("--balance", default="none", choices=["none", "equal", "static", "probe", "dynamic"])
+    r.add_argument("--replica_speeds", type=float_list, default=None, help="static: split proportional to these")
+    r.add_argument("--speed_factors", type=float_list, default=None,
+                   help="F1,...,FP relative replica speeds, the launcher's --emulate_speeds meaning")
+    r.add_argument("--rebalance_interval", type=positive_int, default=20)
+    r.add_argument("--non_blocking_mpi", type=boolean, default=False)
+    r.add_argument("--sync_batchnorm", type=boolean, default=False)
+    r.add_argument("--bucket_bytes", type=positive_int, default=1 << 20)
+    r.add_argument("--stragglers", default=None, help="K:FACTOR[:PERIOD]")
+    r.add_argument("--noise", type=nonneg_float, default=0.0, help="sigma of a lognormal factor on compute")
+    r.add_argument("--steps", type=positive_int, default=100)
+    r.add_argument("--steps_per_epoch", type=int, default=0)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--sweep", default="none", help="P1,P2,... or 'auto' (powers of two up to --replicas): "
+                                                   "a table of time against P for equal, static, dynamic")
+    r.add_argument("--plot", default=None, help="PNG of the sweep")
+    r.add_argument("--json", action="store_true", help="print one JSON document instead of the text")
+    _roofline_flags(r)
+    return p
+
+
+def _roofline_flags(p):
+    g = p.add_argument_group("roofline (upstream PyDTNN's performance-model flags, upstream's meaning)")
+    g.add_argument("--cpu_speed", type=float, default=4e12, help="FLOP/s")
+    g.add_argument("--memory_bw", type=float, default=50e9, help="B/s")
+    g.add_argument("--network_bw", type=float, default=1e9, help="bits/s")
+    g.add_argument("--network_lat", type=float, default=0.5e-6, help="s")
+    g.add_argument("--network_alg", default="auto",
+                   help="auto (MPICH's choice), ring, rabenseifner, recursive_doubling, binomial, hierarchical; "
+                        "upstream's vdg = rabenseifner, bta = binomial")
+
+
+def _roofline_kw(a):
+    return dict(cpu_speed=a.cpu_speed, memory_bw=a.memory_bw, network_bw=a.network_bw, network_lat=a.network_lat)
+
+
+def _calibrate(a):
+    from pydtnn.sim import calibrate, roofline, trace_profile
+    if a.trace:
+        prof = trace_profile.trace_profile(a.trace, a.model_name, a.trace_sizes, a.trace_rank, a.dtype)
+    elif a.roofline:
+        prof = roofline.roofline_profile(a.model_name, dtype=a.dtype, **_roofline_kw(a))
+    else:
+        prof = calibrate.calibrate(a.model_name, a.batch_points, layer_seconds=a.seconds * 0.55,
+                                   network_seconds=a.seconds * 0.2, nprocs=a.mpi_processes, measure_net=a.network,
+                                   dtype=a.dtype, overhead=a.overhead,
+                                   log=lambda m: print(m, file=sys.stderr, flush=True))
+    prof.save(a.out)
+    print(f"profile of {a.model_name} ({prof.source}) written to {a.out}: {prof.compute_seconds([prof.batch_points[-1]])[0] * 1e3:.3f} "
+          f"ms per step at b={prof.batch_points[-1]}, alpha={prof.network.alpha:.3g} s, beta={prof.network.beta:.3g} "
+          f"s/B, gamma={prof.network.gamma:.3g} s/B")
+
+
+def _profiles(a, P):
+    from pydtnn.sim.profile import load_profile
+    from pydtnn.sim.roofline import roofline_profile
+    if a.profile is None:
+        if a.model_name is None:
+            raise ConfigError("give --profile, or --model for the roofline mode")
+        return [roofline_profile(a.model_name, **_roofline_kw(a))] * P
+    parts = [x for x in a.profile.split(",") if x]
+    loaded, counts = [], []
+    for part in parts:
+        path, _, count = part.rpartition(":") if part.rsplit(":", 1)[-1].isdigit() else (part, "", "")
+        loaded.append(load_profile(path))
+        counts.append(int(count) if count else None)
+    if len(parts) == 1 and counts[0] is None:
+        out = [loaded[0]] * P
+    else:
+        if None in counts or sum(counts) != P:
+            raise ConfigError(f"--profile: give FILE:COUNT for every file, the counts summing to --replicas {P}")
+        out = [p for p, n in zip(loaded, counts) for _ in range(n)]
+    if a.model_name and out[0].model and out[0].model != a.model_name:
+        raise ConfigError(f"--profile {parts[0]} was measured for model {out[0].model}, not {a.model_name}")
+    return out
+
+
+def _scenario(a, P, policy, profiles, speed_factors):
+    from pydtnn.sim.engine import Scenario
+    from pydtnn.sim.variability import parse_stragglers
+    stragglers = parse_stragglers(a.stragglers)
+    if stragglers is not None and stragglers.count > P:
+        stragglers = type(stragglers)(P, stragglers.factor, stragglers.period)
+    samples = a.samples or SAMPLES.get(a.dataset_name or "cifar10")
+    return Scenario(profiles=profiles, global_batch=a.global_batch_size, policy=policy,
+                    replica_speeds=a.replica_speeds, speed_factors=speed_factors, non_blocking=a.non_blocking_mpi,
+                    sync_bn=a.sync_batchnorm, algorithm=a.network_alg, nodes=a.nodes, noise=a.noise,
+                    stragglers=stragglers, steps=a.steps, steps_per_epoch=a.steps_per_epoch, samples=samples,
+                    rebalance_interval=a.rebalance_interval, bucket_bytes=a.bucket_bytes, seed=a.seed)
+
+
+def _sweep_sizes(a):
+    if a.sweep == "none":
+        return []
+    if a.sweep == "auto":
+        out, p = [], 1
+        while p < a.replicas:
+            out.append(p)
+            p *= 2
+        return (out + [a.replicas])[-8:]
+    try:
+        return positive_int_list(a.sweep)
+    except Exception:
+        raise ConfigError(f"--sweep must be 'auto', 'none' or P1,P2,..., got {a.sweep!r}") from None
+
+
+def _run(a):
+    from pydtnn.sim import report
+    from pydtnn.sim.engine import best_partition, simulate
+    P = a.replicas
+    if a.steps_per_epoch < 0:
+        raise ConfigError("--steps_per_epoch must be >= 0")
+    if a.replica_speeds and len(a.replica_speeds) != P:
+        raise ConfigError(f"--replica_speeds has {len(a.replica_speeds)} values for {P} replicas")
+    if a.nodes > P or P % a.nodes:
+        raise ConfigError(f"--replicas {P} must be a multiple of --nodes {a.nodes}")
+    if a.network_alg == "hierarchical" and a.nodes == 1:
+        raise ConfigError("--network_alg hierarchical needs --nodes > 1")
+    profiles = _profiles(a, P)
+    policy = {"none": "equal"}.get(a.balance, a.balance)
+    sc = _scenario(a, P, policy, profiles, a.speed_factors)
+    result = simulate(sc)
+    best = best_partition(_scenario(a, P, "equal", profiles, a.speed_factors))
+    sweep = None
+    sizes = _sweep_sizes(a)
+    if sizes:
+        sweep = {}
+        for pol in dict.fromkeys(SWEEP_POLICIES + (policy,)):
+            rows = []
+            for p in sizes:
+                if p > a.global_batch_size or (a.nodes > 1 and p % a.nodes):
+                    continue
+                factors = None if a.speed_factors is None else [a.speed_factors[i % P] for i in range(p)]
+                speeds = None if a.replica_speeds is None else [a.replica_speeds[i % P] for i in range(p)]
+                s = _scenario(a, p, pol, [profiles[i % P] for i in range(p)], factors)
+                s.replica_speeds = speeds
+                res = simulate(s)
+                rows.append((p, res.step_seconds, res.epoch_seconds, report.scaling_efficiency(res)))
+            sweep[pol] = rows
+        if a.plot:
+            report.plot_sweep(sweep, a.plot, f"{a.model_name or profiles[0].model}, B={a.global_batch_size}")
+    if a.json:
+        print(json.dumps(report.to_json(result, best, sweep)))
+        return
+    print(report.summary_text(result, best))
+    if sweep:
+        print()
+        print(report.sweep_table(sweep))
+        if a.plot:
+            print(f"plot written to {a.plot}")
+
+
+def main(argv=None) -> int:
+    try:
+        a = build_parser().parse_args(argv)
+        (_calibrate if a.command == "calibrate" else _run)(a)
+    except PyDTNNError as e:
+        print(f"pydtnn: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Measure a profile on the machine at hand: every layer's forward and backward time at a few local
+batch sizes (the functional model), the optimizer step, and the MPI's alpha, beta, gamma.
+
+Per-layer times come from timing each top-level layer's ``forward_internal`` / ``backward_internal``
+inside the trainer's own ``Model.compute_gradients`` (so the fused softmax + loss and the layout
+conversions are in); what those timers miss (the loss) is added to the last layer's forward, so the
+layers sum to the measured step. Each point is the median of several passes (this machine is shared).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from pydtnn.errors import ConfigError
+from pydtnn.sim import model_table, network_fit
+from pydtnn.sim.profile import Network, Profile
+
+__all__ = ["measure_layers", "measure_network", "calibrate"]
+
+DEFAULT_BATCH_POINTS = (1, 8, 32, 128)
+
+
+class _LayerClock:
+    """Wraps each top-level layer's forward/backward with a timer (instance attributes: the class and
+    every other model stay untouched)."""
+
+    def __init__(self, model):
+        self.fwd = np.zeros(len(model.layers))
+        self.bwd = np.zeros(len(model.layers))
+        sync = model.backend.synchronize
+        for i, layer in enumerate(model.layers):
+            for kind, acc in (("forward_internal", self.fwd), ("backward_internal", self.bwd)):
+                orig = getattr(layer, kind)
+
+                def timed(*a, _orig=orig, _acc=acc, _i=i, **k):
+                    t0 = time.perf_counter()
+                    out = _orig(*a, **k)
+                    sync()
+                    _acc[_i] += time.perf_counter() - t0
+                    return out
+                setattr(layer, kind, timed)
+
+    def reset(self):
+        self.fwd[:] = 0.0
+        self.bwd[:] = 0.0
+
+
+def measure_layers(model, batch_points=DEFAULT_BATCH_POINTS, seconds=30.0, loss="categorical_cross_entropy"):
+    """(forward (L, K), backward (L, K), update seconds) of ``model`` at each batch point."""
+    from pydtnn.optimizers import get_optimizer
+    rng = np.random.default_rng(0)
+    clock = _LayerClock(model)
+    L, K = len(model.layers), len(batch_points)
+    fwd, bwd = np.zeros((L, K)), np.zeros((L, K))
+    per_point = seconds / K
+    for k, b in enumerate(batch_points):
+        x = rng.standard_normal((b,) + tuple(model.input_shape)).astype(model.dtype)
+        if getattr(model.layers[0], "ids", False):
+            x = rng.integers(0, 2, size=x.shape)
+        y = np.zeros((b,) + tuple(model.output_shape), model.dtype)
+        y.reshape(b, -1)[:, 0] = 1.0
+        runs_f, runs_b, t_start = [], [], time.perf_counter()
+        model.compute_gradients(x, y, loss)          # warm-up: allocations, compiled kernels
+        while len(runs_f) < 3 or (time.perf_counter() - t_start < per_point and len(runs_f) < 50):
+            clock.reset()
+            t0 = time.perf_counter()
+            model.compute_gradients(x, y, loss)
+            model.backend.synchronize()
+            total = time.perf_counter() - t0
+            f, bk = clock.fwd.copy(), clock.bwd.copy()
+            f[-1] += max(0.0, total - f.sum() - bk.sum())          # the loss and what the timers missed
+            runs_f.append(f)
+            runs_b.append(bk)
+        fwd[:, k] = np.median(runs_f, axis=0)
+        bwd[:, k] = np.median(runs_b, axis=0)
+    opt = get_optimizer("sgd", learning_rate=0.01, momentum=0.9)
+    times = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        opt.step(model.params, model.grads)
+        times.append(time.perf_counter() - t0)
+    return fwd, bwd, float(np.median(times[2:]))
+
+
+def measure_network(nprocs=2, seconds=20.0, timeout=120.0) -> dict:
+    """Run the ping-pong and Allreduce sweeps under mpiexec; returns the probe's JSON."""
+    from pydtnn.parallel import mpirun
+    probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "network_probe.py")
+    cmd = mpirun.mpi_command(nprocs, probe, [str(seconds)])
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"the network probe ({nprocs} processes) did not finish in {timeout:.0f} s") from None
+    if out.returncode != 0:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise ConfigError(f"the network probe failed (exit {out.returncode}): {tail[0]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure_step_overhead(model_name, batches=(8, 64), steps=20, dataset=None, timeout=300.0):
+    """The launcher's own per-step cost outside forward, backward and the reduction (taking the batch,
+    targets, metrics, the per-step stats, the optimizer): one-rank launcher runs with --tracing, the
+    median step period (from one step's first layer event to the next's) minus the median compute (its layer
+    events, `trace_profile.step_computes`), at two
+    local batches. Returns (o0, o1): overhead = o0 + o1 * b seconds per step."""
+    from pydtnn.parallel import mpirun
+    from pydtnn.sim.trace_profile import step_computes
+    launcher = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            "scripts", "pydtnn_benchmark.py")
+    if not os.path.isfile(launcher):
+        raise ConfigError(f"no launcher at {launcher} (run calibrate from a source checkout, or --overhead false)")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    points = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for b in batches:
+            trace = os.path.join(tmp, f"trace{b}.json")
+            cmd = mpirun.mpi_command(1, launcher, [])
+            cmd += ["--model", model_name, "--dataset", "synthetic", "--synthetic_samples", str(b * steps),
+                    "--parallel", "data", "--global_batch_size", str(b), "--steps_per_epoch", str(steps),
+                    "--num_epochs", "1", "--threads_per_replica", "1", "--lr_schedulers", "", "--progress_bar",
+                    "false", "--tracing", "true", "--tracer_output", trace, "--trace_steps", f"1:{steps}",
+                    "--seed", "0"]
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+            except subprocess.TimeoutExpired:
+                raise ConfigError(f"the launcher run of the overhead probe took over {timeout:.0f} s") from None
+            if out.returncode != 0:
+                tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
+                raise ConfigError(f"the launcher run of the overhead probe failed: {tail[0]}")
+            with open(trace) as f:
+                events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+            starts, durs = (np.array(v) for v in zip(*step_computes(events)))
+            period = np.median(np.diff(starts[1:]))               # the first step pays for warm-up
+            points.append((b, max(0.0, float(period - np.median(durs[1:])))))
+    (b0, t0), (b1, t1) = points
+    slope = max(0.0, (t1 - t0) / (b1 - b0))
+    return max(0.0, t0 - slope * b0), slope
+
+
+def calibrate(model_name, batch_points=DEFAULT_BATCH_POINTS, layer_seconds=30.0, network_seconds=20.0,
+              nprocs=2, measure_net=True, dtype="float32", log=print, overhead=True) -> Profile:
+    model = model_table.build(model_name, dtype=dtype)
+    info = model_table.describe(model)
+    log(f"calibrate: {model_name}, {len(info)} layers, batch points {list(batch_points)} (~{layer_seconds:.0f} s)")
+    fwd, bwd, update = measure_layers(model, batch_points, layer_seconds)
+    extra = {}
+    if measure_net:
+        log(f"calibrate: ping-pong and Allreduce sweeps 4 KB .. 64 MB on {nprocs} processes (~{network_seconds:.0f} s)")
+        sweep = measure_network(nprocs, network_seconds)
+        net = network_fit.fit(sweep["sizes"], sweep["pingpong_s"], sweep["allreduce_s"], sweep["processes"])
+        extra["network_sweep"] = sweep
+    else:
+        net = Network(0.0, 0.0, 0.0)
+    if overhead:
+        log("calibrate: the launcher's per-step overhead (two one-rank launcher runs with --tracing)")
+        o0, o1 = measure_step_overhead(model_name)
+        step_overhead = (max(0.0, o0 - update), o1)        # the launcher's step period holds the update too
+    else:
+        step_overhead = (0.0, 0.0)
+    return Profile(model=model_name, batch_points=list(batch_points), layer_names=[r.name for r in info],
+                   layer_types=[r.type for r in info], param_bytes=np.array([r.param_bytes for r in info]),
+                   bn_channels=np.array([r.bn_channels for r in info]), forward_s=fwd, backward_s=bwd,
+                   network=net, update_s=update, step_overhead_s=step_overhead, dtype_bytes=model.dtype.itemsize, source="measured",
+                   device=f"{platform.machine()} cpu, {os.cpu_count()} cores, {platform.node()}", extra=extra)
+
+
+if __name__ == "__main__":      # pragma: no cover - manual use
+    calibrate(sys.argv[1]).save(sys.argv[2])

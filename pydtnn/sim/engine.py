@@ -1,0 +1,158 @@
+"""Simulate a training run: a policy chooses the split, the step model times each step, the policy sees
+what the trainer would have measured (compute seconds per sample of every replica) and may re-split.
+
+    result = simulate(Scenario(profiles=[prof] * 64, global_batch=4096, policy="dynamic", noise=0.05,
+                               stragglers=Stragglers(8, 2.0, 50), steps=1000))
+    result.step_seconds, result.epoch_seconds, result.per_replica
+
+Nothing here loops over replicas: each step is a few (P,)- and (P, points)-array operations.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pydtnn.errors import ConfigError
+from pydtnn.parallel import balance
+from pydtnn.sim.collectives import resolve_algorithm
+from pydtnn.sim.policies import make_policy
+from pydtnn.sim.step_model import Collective, StepModel
+from pydtnn.sim.variability import Stragglers, Variability
+
+__all__ = ["Scenario", "Result", "simulate", "best_partition"]
+
+
+@dataclass
+class Scenario:
+    profiles: list                     # one Profile per replica (the same object may repeat)
+    global_batch: int
+    policy: str = "equal"
+    replica_speeds: list | None = None
+    speed_factors: list | None = None  # the launcher's --emulate_speeds meaning
+    non_blocking: bool = False
+    sync_bn: bool = False
+    algorithm: str = "auto"
+    nodes: int = 1
+    noise: float = 0.0
+    stragglers: Stragglers | None = None
+    steps: int = 100
+    steps_per_epoch: int = 0           # 0: ceil(samples / global_batch)
+    samples: int = 50000
+    rebalance_interval: int = 20
+    bucket_bytes: int = 1 << 20
+    seed: int = 0
+
+    @property
+    def replicas(self) -> int:
+        return len(self.profiles)
+
+
+@dataclass
+class Result:
+    scenario: Scenario
+    step_times: np.ndarray
+    sizes: list                        # the split in force at the end
+    compute_s: np.ndarray              # per replica, mean per step
+    wait_s: np.ndarray
+    rebalances: int
+    steps_per_epoch: int
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def step_seconds(self) -> float:
+        return float(np.mean(self.step_times))
+
+    @property
+    def epoch_seconds(self) -> float:
+        return self.step_seconds * self.steps_per_epoch
+
+    @property
+    def per_replica(self) -> list:
+        return [{"replica": i, "b_i": int(b), "compute_s": float(c), "wait_s": float(w)}
+                for i, (b, c, w) in enumerate(zip(self.sizes, self.compute_s, self.wait_s))]
+
+
+def _check(sc: Scenario):
+    P = sc.replicas
+    if P < 1:
+        raise ConfigError("--replicas must be >= 1")
+    if sc.global_batch < P:
+        raise ConfigError(f"--global_batch_size {sc.global_batch} is smaller than --replicas {P}: every replica "
+                          f"needs at least one sample")
+    if sc.steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {sc.steps}")
+    if sc.nodes < 1 or P % sc.nodes:
+        raise ConfigError(f"--replicas {P} must be a multiple of --nodes {sc.nodes}")
+    if sc.speed_factors is not None:
+        if len(sc.speed_factors) != P:
+            raise ConfigError(f"--speed_factors has {len(sc.speed_factors)} values for {P} replicas")
+        if min(sc.speed_factors) <= 0:
+            raise ConfigError("--speed_factors must be > 0")
+    names = {tuple(p.layer_names) for p in sc.profiles}
+    if len(names) > 1:
+        raise ConfigError("the profiles describe different models (their layer lists differ)")
+    resolve_algorithm(sc.algorithm)
+
+
+def _model(sc, sizes, collective, emulate):
+    return StepModel(sc.profiles, sizes, collective, non_blocking=sc.non_blocking, sync_bn=sc.sync_bn,
+                     bucket_bytes=sc.bucket_bytes, emulate=emulate)
+
+
+def simulate(sc: Scenario) -> Result:
+    _check(sc)
+    P = sc.replicas
+    first = sc.profiles[0]
+    collective = Collective(resolve_algorithm(sc.algorithm), P, first.network, first.network_inter, sc.nodes)
+    emulate = None
+    if sc.speed_factors is not None:
+        f = np.asarray(sc.speed_factors, dtype=np.float64)
+        emulate = f.max() / f
+    policy = make_policy(sc.policy, sc.replica_speeds, sc.rebalance_interval)
+    sizes = list(policy.initial_sizes(sc.global_batch, P, None))
+    model = _model(sc, sizes, collective, emulate)
+    var = Variability(P, sc.noise, sc.stragglers, sc.seed)
+    steps = np.zeros(sc.steps)
+    compute_sum, wait_sum = np.zeros(P), np.zeros(P)
+    rebalances = 0
+    for s in range(sc.steps):
+        t, compute, wait = model.step(var.factors(s))
+        steps[s] = t
+        compute_sum += compute
+        wait_sum += wait
+        new = policy.after_step(s, compute / model.sizes)
+        if new is not None and list(new) != sizes:
+            sizes = list(new)
+            model = _model(sc, sizes, collective, emulate)
+            rebalances += 1
+    spe = balance.steps_in_epoch(sc.samples, sc.global_batch, sc.steps_per_epoch)
+    return Result(sc, steps, sizes, compute_sum / sc.steps, wait_sum / sc.steps, rebalances, spe,
+                  extra={"compute_alone": model.compute_alone if model.emulate is None else
+                         np.maximum(model.compute_alone, model.emulate)})
+
+
+def best_partition(sc: Scenario, iterations: int = 20):
+    """The split with the shortest noise-free predicted step, found as FuPerMod does: repeatedly split B
+    in proportion to the speeds b_i / T_i(b_i) the functional model gives at the current split (keeping
+    the best split seen). Returns (sizes, step seconds)."""
+    _check(sc)
+    P = sc.replicas
+    first = sc.profiles[0]
+    collective = Collective(resolve_algorithm(sc.algorithm), P, first.network, first.network_inter, sc.nodes)
+    emulate = None if sc.speed_factors is None else (max(sc.speed_factors) / np.asarray(sc.speed_factors, float))
+    ones = np.ones(P)
+    sizes = balance.partition(sc.global_batch, [1.0] * P)
+    best = (None, np.inf)
+    seen = set()
+    for _ in range(iterations):
+        model = _model(sc, sizes, collective, emulate)
+        t, compute, _ = model.step(ones)
+        if t < best[1]:
+            best = (list(sizes), float(t))
+        key = tuple(sizes)
+        if key in seen:
+            break
+        seen.add(key)
+        sizes = balance.partition(sc.global_batch, (model.sizes / np.maximum(compute, 1e-300)).tolist())
+    return best

@@ -1,0 +1,69 @@
+"""The step model against hand-computed timelines (two replicas, two layers)."""
+import numpy as np
+import pytest
+
+from pydtnn.sim.collectives import allreduce_seconds
+from pydtnn.sim.profile import Network, Profile
+from pydtnn.sim.step_model import Collective, StepModel
+
+NET = Network(1e-5, 1e-9, 1e-10)
+STATS = allreduce_seconds("ring", 8 * (2 + 8), 2, *NET.as_tuple())     # the trainer's per-step stats reduction
+
+
+def _profile(bn=(0, 0)):
+    # per-sample times (one batch point: proportional to b): layer 0 fwd 1 ms bwd 2 ms, layer 1 fwd 3 ms bwd 4 ms
+    return Profile(model="t", batch_points=[1], layer_names=["a", "b"], layer_types=["FC", "BatchNormalization"],
+                   param_bytes=np.array([3 << 20, 1 << 20]), bn_channels=np.array(bn),
+                   forward_s=np.array([[1e-3], [3e-3]]), backward_s=np.array([[2e-3], [4e-3]]), network=NET,
+                   update_s=5e-4)
+
+
+def test_blocking_step_is_slowest_compute_plus_allreduce_plus_update():
+    m = StepModel([_profile()] * 2, [1, 2], Collective("ring", 2, NET))
+    t, compute, wait = m.step(np.array([1.0, 1.0]))
+    full = allreduce_seconds("ring", 4 << 20, 2, *NET.as_tuple())
+    assert compute == pytest.approx([10e-3, 20e-3], rel=1e-12)
+    assert t == pytest.approx(20e-3 + full + 5e-4 + STATS, rel=1e-12)
+    assert wait == pytest.approx([10e-3 + full, full], rel=1e-12)
+
+
+def test_overlapped_buckets_start_when_their_layer_is_done_everywhere():
+    # 1 MiB buckets from the end: bucket 0 = layer 1's gradients, ready after layer 1's backward on the
+    # slower replica (b=2: 2*(1+3) + 2*4 = 16 ms); buckets 1..3 = layer 0's, ready at 20 ms
+    m = StepModel([_profile()] * 2, [1, 2], Collective("ring", 2, NET), non_blocking=True)
+    t, compute, _ = m.step(np.array([1.0, 1.0]))
+    one = allreduce_seconds("ring", 1 << 20, 2, *NET.as_tuple())
+    c = max(16e-3 + one, 20e-3) + 3 * one
+    assert t == pytest.approx(c + 5e-4 + STATS, rel=1e-12)
+
+
+def test_sync_batchnorm_barriers_take_each_segments_slowest():
+    # replica 0 is 3x slower (factor), replica 1 has twice the batch: segment maxima, not one max of sums
+    m = StepModel([_profile(bn=(0, 16))] * 2, [1, 2], Collective("ring", 2, NET), sync_bn=True)
+    t, compute, _ = m.step(np.array([3.0, 1.0]))
+    small_f = allreduce_seconds("ring", (2 * 16 + 1) * 8, 2, *NET.as_tuple())
+    small_b = allreduce_seconds("ring", 2 * 16 * 8, 2, *NET.as_tuple())
+    # forward to the BN's end: max(3*4, 2*4) = 12 ms; its backward: max(3*4, 2*4) = 12 ms; then layer 0's
+    # backward: replica 0 3*2 = 6 ms, replica 1 2*2 = 4 ms
+    g = 12e-3 + small_f + 12e-3 + small_b
+    assert compute == pytest.approx([g + 6e-3, g + 4e-3], rel=1e-12)
+    full = allreduce_seconds("ring", 4 << 20, 2, *NET.as_tuple())
+    assert t == pytest.approx(g + 6e-3 + full + 5e-4 + STATS, rel=1e-12)
+
+
+def test_emulated_speeds_pad_to_the_reference_deadline():
+    # factors 1 and 0.5: replica 1 waits until b * (per-sample time of replica 0) * 2
+    m = StepModel([_profile()] * 2, [2, 2], Collective("ring", 2, NET), emulate=[1.0, 2.0])
+    _, compute, _ = m.step(np.ones(2))
+    assert compute == pytest.approx([20e-3, 40e-3], rel=1e-12)
+
+
+def test_launcher_overhead_delays_each_replica_before_the_reduction():
+    prof = _profile()
+    prof.step_overhead_s = (1e-3, 4e-3)                  # o0 + o1 * b: 5 ms at b=1, 9 ms at b=2
+    m = StepModel([prof] * 2, [1, 2], Collective("ring", 2, NET))
+    t, compute, wait = m.step(np.array([2.5, 1.0]))      # compute 25 ms and 20 ms
+    full = allreduce_seconds("ring", 4 << 20, 2, *NET.as_tuple())
+    assert compute == pytest.approx([25e-3, 20e-3], rel=1e-12)
+    assert t == pytest.approx(max(25e-3 + 5e-3, 20e-3 + 9e-3) + full + 5e-4 + STATS, rel=1e-12)
+    assert wait == pytest.approx([full, 1e-3 + full], rel=1e-9)
