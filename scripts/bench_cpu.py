@@ -193,6 +193,31 @@ def build(name, batch, seed=0, conv_algorithm="auto"):
     return model, x, labels
 
 
+# The step clock: wall time, or with --clock thread the calling thread's CPU time (1 thread only: both
+# frameworks then run every kernel on the calling thread, and time taken by other processes of a loaded
+# machine does not count)
+CLOCK = [time.perf_counter]
+
+
+def step_gflop(model, batch):
+    """GFLOP of a training step by direct convolution: 3x the forward's multiply-adds x 2 of the convolutions,
+    FC layers and attention products (forward, backward data, backward weights; the first layer's data
+    gradient counted too). Element-wise work is left out."""
+    from pydtnn import layers as L
+    fwd = 0
+    for layer in model.all_layers():
+        if isinstance(layer, L.Conv2D):
+            s, (k, ho, wo) = layer.spec, layer.shape
+            fwd += ho * wo * k * (s.in_channels // s.groups) * s.kernel[0] * s.kernel[1]
+        elif isinstance(layer, L.FC):
+            rows = int(np.prod(layer.in_shape[:-1])) if len(layer.in_shape) > 1 else 1
+            fwd += rows * layer.in_shape[-1] * layer.out_features
+        elif isinstance(layer, L.MultiHeadAttention):
+            t, d = layer.in_shape
+            fwd += 4 * t * d * d + 2 * t * t * d
+    return 3 * 2 * batch * fwd / 1e9
+
+
 class Breakdown:
     """Wraps every leaf layer's forward/backward to accumulate time per layer type."""
 
@@ -208,9 +233,9 @@ class Breakdown:
         key = (layer.type_name, method)
 
         def timed(*args, **kw):
-            t0 = time.perf_counter()
+            t0 = CLOCK[0]()
             out = inner(*args, **kw)
-            self.times[key] += time.perf_counter() - t0
+            self.times[key] += CLOCK[0]() - t0
             return out
         setattr(layer, method, timed)
 
@@ -256,17 +281,17 @@ def bench_row(name, batch, threads, rounds, steps, breakdown=False, conv_algorit
         for _ in range(rounds):
             for fn, acc in ((ours, t_ours), (theirs, t_theirs)):
                 for _ in range(steps):
-                    t0 = time.perf_counter()
+                    t0 = CLOCK[0]()
                     fn()
-                    acc.append(time.perf_counter() - t0)
+                    acc.append(CLOCK[0]() - t0)
             ratios.append(statistics.median(t_ours[-steps:]) / statistics.median(t_theirs[-steps:]))
         table = None
         if breakdown:
             bd = Breakdown(model)
-            t0 = time.perf_counter()
+            t0 = CLOCK[0]()
             for _ in range(steps):
                 ours()
-            total = (time.perf_counter() - t0) / steps
+            total = (CLOCK[0]() - t0) / steps
             table = (bd.times, total, steps)
     return {"model": name, "threads": threads, "batch": batch, "conv_algorithm": conv_algorithm,
             "ours_ms": 1e3 * statistics.median(t_ours), "torch_ms": 1e3 * statistics.median(t_theirs),
@@ -318,10 +343,10 @@ def user_loop_row(name, batch, threads, rounds, steps):
         t_ours, t_theirs, ratios = [], [], []
         for _ in range(rounds):
             for fn, acc in ((ours, t_ours), (theirs, t_theirs)):
-                t0 = time.perf_counter()
+                t0 = CLOCK[0]()
                 for _ in range(steps):
                     fn()
-                acc.append((time.perf_counter() - t0) / steps)
+                acc.append((CLOCK[0]() - t0) / steps)
             ratios.append(t_ours[-1] / t_theirs[-1])
     return {"model": name + " (user loop)", "threads": threads, "batch": batch, "conv_algorithm": "auto",
             "ours_ms": 1e3 * statistics.median(t_ours), "torch_ms": 1e3 * statistics.median(t_theirs),
@@ -429,12 +454,23 @@ def main():
     ap.add_argument("--ddp_port", type=int, default=29517)
     ap.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--skip_single", action="store_true", help="only the --ddp row")
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="wall time, or the calling thread's CPU time (1 thread only; robust to a loaded machine)")
+    ap.add_argument("--flops", action="store_true", help="only print each model's step GFLOP by direct convolution")
     ap.add_argument("--user_loop", action="store_true",
                     help="time the loop a user writes (public API, no launcher, threadpoolctl) instead of the "
                          "zoo step (compute_gradients)")
     a = ap.parse_args()
     if a.ddp_worker:
         return ddp_worker(a)
+    if a.clock == "thread":
+        if a.threads != "1":
+            sys.exit("bench_cpu.py: --clock thread measures the calling thread only: use it with --threads 1")
+        CLOCK[0] = time.thread_time
+    if a.flops:
+        for name in a.models.split(","):
+            print(f"{name}: {step_gflop(build(name, a.batch)[0], a.batch):.2f} GFLOP per step (batch {a.batch})")
+        return
     try:
         import torch
     except ImportError:
