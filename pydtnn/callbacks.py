@@ -18,7 +18,13 @@ the current epoch). Every rank runs the same callbacks on the same (reduced) log
   counted over epochs; logs: the global batch's mean `loss`, its metrics, the `learning_rate` the step used
   and `batch_size`).
 
-The learning-rate schedulers and `model_checkpoint` (`pydtnn.schedulers`) are callbacks too.
+The learning-rate schedulers and `model_checkpoint` (`pydtnn.schedulers`) are callbacks too, and so are the
+loop's own history file and progress bar (`pydtnn.loop_callbacks`). The order is fixed: every hook runs the
+schedulers, then the user's callbacks (in the order given), then the loop's own (history file, progress
+bar). `on_epoch_end` runs in two passes: first every callback that does not save files; then the epoch's
+row is appended to `trainer.history`; then the history file is written, then the callbacks that save files
+(`saves_files = True`: `model_checkpoint`, a user's), so a checkpoint after epoch N holds its row. The
+progress bar counts a step after every callback's `on_batch_end` of it.
 """
 from __future__ import annotations
 

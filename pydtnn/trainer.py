@@ -22,8 +22,6 @@ step inside the epoch and the epoch's partial sums included), and `fit` raises `
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import math
 import os
@@ -40,7 +38,7 @@ from pydtnn.errors import CheckpointError, ConfigError, NumericalError, OutputEr
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
 from pydtnn.model import as_targets
-from pydtnn.outputs import atomic_write
+from pydtnn.loop_callbacks import HistoryWriter, ProgressBar
 from pydtnn.parallel import balance
 from pydtnn.parallel.comm import SerialComm, agree_on_error, raise_together
 from pydtnn.parallel.data_parallel import DataParallel
@@ -50,7 +48,6 @@ from pydtnn.prefetch import BatchPrefetcher
 from pydtnn.profiling.layer_profile import LayerProfile
 from pydtnn.profiling.layer_timer import LayerTimer
 from pydtnn.profiling.timeline import PREFETCH
-from pydtnn.progress import progress
 from pydtnn.trace import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
 from pydtnn.trainer_options import grouped
 
@@ -68,6 +65,11 @@ class Preempted(Exception):
 
 
 class Trainer:
+    """The training loop. Callbacks (`pydtnn.callbacks`, where their order is fixed): the schedulers, the
+    user's `callbacks`, then the loop's own history file and progress bar (`pydtnn.loop_callbacks`).
+    The checkpoint cadence and preemption stay in the loop: they act on the flags the ranks agree on in each
+    step's stats reduction, and a preemption ends the loop."""
+
     def __init__(self, model, dataset, optimizer, *, loss="categorical_cross_entropy",
                  metrics=("categorical_accuracy",), parallel=None, loop=None, checkpointing=None, outputs=None,
                  emulation=None, **options):
@@ -124,6 +126,9 @@ class Trainer:
         self.schedulers = list(schedulers)
         self.history_file = history_file
         self.progress = progress and self.rank == 0
+        # the loop's own callbacks (pydtnn.loop_callbacks), run after the schedulers and the user's
+        self.history_writer = HistoryWriter(history_file) if history_file else None
+        self.progress_bar = ProgressBar(self.metric_names) if self.progress else None
         self.eval_batch_size = eval_batch_size or max(self.sizes)
         # what a person reads (epoch lines, per-replica tables) goes to stdout, in order with the rest
         self.log = log or (lambda msg: print(msg, flush=True) if self.rank == 0 else None)
@@ -329,24 +334,24 @@ class Trainer:
         self.finished = False
         if self.tracer_output:
             self.timeline.start(self.comm)
-        callbacks = self.schedulers + self.callbacks
+        self.num_epochs = num_epochs
+        callbacks = self._callbacks()
         # what writes files runs after the epoch's history row: a checkpoint after epoch N holds its row
         writers = [c for c in callbacks if getattr(c, "saves_files", False)]
+        writers.sort(key=lambda c: c is not self.history_writer)       # the history file first
         others = [c for c in callbacks if c not in writers]
-        with self._signal_handlers(), contextlib.closing(self.prefetcher):
+        # the bar ends on any way out (a diverged loss, an error): before the error's line on stderr
+        bar = contextlib.closing(self.progress_bar) if self.progress_bar is not None else contextlib.nullcontext()
+        with self._signal_handlers(), contextlib.closing(self.prefetcher), bar:
             call(callbacks, "on_train_begin", self)
             for epoch in range(self.start_epoch, num_epochs):
-                first_step, self.start_step = self.start_step, 0
+                self.first_step, self.start_step = self.start_step, 0
                 call(callbacks, "on_epoch_begin", self, epoch)
-                logs = self.train_epoch(epoch, num_epochs, first_step)
+                logs = self.train_epoch(epoch, num_epochs, self.first_step)
                 self.epochs_run += 1
                 call(others, "on_epoch_end", self, epoch, logs)
                 logs["learning_rate_next"] = self.optimizer.learning_rate
                 self.history.append(logs)
-                try:
-                    self._write_history()
-                except OutputError as e:       # nothing lost: the state after this epoch, then the error
-                    raise OutputError(f"{e}; {self._rescue_checkpoint(epoch + 1, num_epochs)}") from None
                 call(writers, "on_epoch_end", self, epoch, logs)
                 if self.stop_training or epoch + 1 == num_epochs:
                     break
@@ -362,8 +367,14 @@ class Trainer:
                            "rank 0 could not write the trace")
         return self.history
 
-    def _rescue_checkpoint(self, epochs, num_epochs):
+    def _callbacks(self):
+        """Every callback in the order each hook runs: the schedulers, the user's, then the loop's own
+        (history file, progress bar); `fit` moves the ones that save files after the epoch's row."""
+        return self.schedulers + self.callbacks + [c for c in (self.history_writer, self.progress_bar) if c is not None]
+
+    def rescue_checkpoint(self, epochs):
         """A full checkpoint after `epochs` epochs when an output failed (a collective); what to tell."""
+        num_epochs = self.num_epochs
         path = os.path.join(self.checkpoint_dir, f"epoch_{epochs:04d}_step_000000.npz")
         try:
             self.save_checkpoint(path, epochs)
@@ -426,9 +437,8 @@ class Trainer:
                 self.stats.steps, self.stats.samples = int(steps), int(done)
                 self.stats.compute_s, self.stats.wait_s = float(compute_s), float(wait_s)
         t0 = time.perf_counter()
-        bar = progress(total=self.steps_per_epoch, desc=f"epoch {epoch + 1}/{num_epochs}", unit="step",
-                       enabled=self.progress, leave=True, initial=first_step)
-        callbacks = self.schedulers + self.callbacks
+        self.epoch_sums, self.epoch_samples = sums, samples        # the progress bar's running means
+        callbacks = self._callbacks()
         for step in range(first_step, self.steps_per_epoch):
             global_step = epoch * self.steps_per_epoch + step
             call(callbacks, "on_batch_begin", self, global_step)
@@ -444,31 +454,19 @@ class Trainer:
             self.model.layer_timer = None
             timing = self._step_timing(sizes, times, t_step)
             if not math.isfinite(means[0]):
-                if bar is not None:
-                    bar.close()
                 raise NumericalError(f"the loss became {means[0]} at epoch {epoch + 1}, step {step + 1}: "
                                      f"training diverged (try a lower --learning_rate)")
             step_total = sum(sizes)
             sums += means * step_total
             samples += step_total
+            self.epoch_samples = samples
             call(callbacks, "on_batch_end", self, global_step,
                  {"loss": float(means[0]), **{m: float(v) for m, v in zip(self.metric_names, means[1:])},
                   "learning_rate": rate, "batch_size": step_total, **timing})
             self.dp.after_step(global_step, times)
             last = step + 1 == self.steps_per_epoch
             if not last and (self.stop_requested or self.save_requested or self._cadence_due(epoch, step)):
-                if bar is not None and self.stop_requested:
-                    bar.close()
                 self._step_checkpoint(epoch, step + 1, self._partial_state(sums, samples))
-            if bar is not None:
-                elapsed = time.perf_counter() - t0
-                bar.set_postfix_str(f"loss={sums[0] / samples:.4f} "
-                                    + " ".join(f"{self._short(m)}={v / samples:.4f}"
-                                               for m, v in zip(self.metric_names, sums[1:]))
-                                    + f" {samples / elapsed:.0f} samples/s", refresh=False)
-                bar.update(1)
-        if bar is not None:
-            bar.close()
         self._sync_running_stats()
         elapsed = time.perf_counter() - t0
         logs = {"epoch": epoch + 1, "loss": sums[0] / samples,
@@ -499,10 +497,6 @@ class Trainer:
         return {"sums": [float(v) for v in sums], "samples": int(samples), "global_batch": self.global_batch,
                 "steps_per_epoch": self.steps_per_epoch, "train_samples": len(self.dataset.train),
                 "stats": rows if self.rank == 0 else None}
-
-    @staticmethod
-    def _short(name):
-        return {"categorical_accuracy": "acc"}.get(name, name)
 
     def _sync_running_stats(self):
         """BatchNorm running statistics: the b_i-weighted mean over replicas (upstream never synced them);
@@ -544,22 +538,6 @@ class Trainer:
         return {name: v / max(sums[-2], 1) for name, v in zip(["loss", *self.metric_names], sums[:-2])}
 
     # --- history, checkpoints ---------------------------------------------------------------------------
-    def _write_history(self):
-        if not self.history_file:
-            return
-        def write():
-            if self.history_file.endswith(".json"):
-                text = json.dumps(self.history, indent=1)
-            else:
-                buf = io.StringIO(newline="")
-                keys = list(dict.fromkeys(k for row in self.history for k in row))
-                writer = csv.DictWriter(buf, fieldnames=keys)
-                writer.writeheader()
-                writer.writerows(self.history)
-                text = buf.getvalue()
-            atomic_write(self.history_file, lambda f: f.write(text.encode()))
-        raise_together(self.comm, write, "rank 0 could not write the history file", rank0_only=True)
-
     def _rng_state(self):
         rng = self.model.backend.rng
         state = rng.bit_generator.state if hasattr(rng, "bit_generator") else None

@@ -98,3 +98,46 @@ def test_objects_with_only_some_hooks():
     history = _tiny_model().fit(x, y, epochs=5, batch_size=10, callbacks=[a, b])
     assert a.epochs == [0, 1] and len(history["loss"]) == 2          # stop_training after epoch 2
     assert len(b.losses) == 4 and all(np.isfinite(b.losses))
+
+
+def test_user_callbacks_run_before_the_loops_own_in_the_documented_order(tmp_path, capsys, monkeypatch):
+    """The order in pydtnn.callbacks: a user's on_batch_end before the progress bar counts the step; a user's
+    on_epoch_end before the epoch's row is recorded and written; a user's saves_files callback after both."""
+    import csv
+    import sys
+
+    from pydtnn.datasets import from_arrays
+    from pydtnn.trainer import Trainer
+    monkeypatch.setenv("PYDTNN_PROGRESS_INTERVAL_S", "0")       # a plain progress line at every counted step
+    history_file = tmp_path / "h.csv"
+    rows_on_disk = lambda: len(list(csv.DictReader(open(history_file)))) if history_file.exists() else 0  # noqa: E731
+    seen = []
+
+    class Reader(Callback):
+        def on_batch_end(self, trainer, step, logs):
+            print(f"user batch {step}", file=sys.stderr, flush=True)
+
+        def on_epoch_end(self, trainer, epoch, logs):
+            seen.append(("reader", epoch, len(trainer.history), rows_on_disk()))
+
+    class Saver(Callback):
+        saves_files = True
+
+        def on_epoch_end(self, trainer, epoch, logs):
+            seen.append(("saver", epoch, len(trainer.history), rows_on_disk()))
+
+    x, y = _data()                                   # 20 samples, batch 8: 3 steps per epoch
+    model = _tiny_model()
+    trainer = Trainer(model, from_arrays(x, y), SGD(learning_rate=0.1), global_batch=8, progress=True,
+                      history_file=str(history_file), log=lambda m: None, callbacks=[Saver(), Reader()])
+    trainer.fit(2)
+    # given as [Saver, Reader]: the Reader (no files) still runs first, before the row exists anywhere
+    assert seen == [("reader", 0, 0, 0), ("saver", 0, 1, 1), ("reader", 1, 1, 1), ("saver", 1, 2, 2)]
+    err = capsys.readouterr().err.splitlines()
+    # the plain bar prints after counting steps 1 and 2 of 3 (not at the total): each after the user's line
+    bar = [i for i, line in enumerate(err) if line.startswith(("epoch 1/2: step", "epoch 2/2: step"))]
+    user = [i for i, line in enumerate(err) if line.startswith("user batch")]
+    assert [err[i].split(",")[0] for i in bar] == ["epoch 1/2: step 1/3 (33%)", "epoch 1/2: step 2/3 (67%)",
+                                                  "epoch 2/2: step 1/3 (33%)", "epoch 2/2: step 2/3 (67%)"]
+    assert len(user) == 6 and [u < b for u, b in zip(user[0:2] + user[3:5], bar)] == [True] * 4
+    assert [b < u for b, u in zip(bar, user[1:3] + user[4:6])] == [True] * 4
