@@ -99,11 +99,26 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The launcher's flags, one function per group, in --help's order."""
     p = OneLineParser(prog="pydtnn_benchmark", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                       description="Train or evaluate a PyDTNN model (upstream PyDTNN flags; booleans take "
                                   "true/false, 1/0, yes/no and refuse anything else).")
+    model = p.add_argument_group("model")
+    _model_and_training_flags(model)
+    _weights_and_resume_flags(model)
+    _dataset_flags(p.add_argument_group("dataset"))
+    _optimizer_flags(p.add_argument_group("optimizer"))
+    _scheduler_flags(p.add_argument_group("LR schedulers (nothing writes files unless model_checkpoint is named)"))
+    parallel = p.add_argument_group("parallelism and heterogeneity")
+    _data_parallel_flags(parallel)
+    _device_flags(parallel)
+    _tracing_and_output_flags(p.add_argument_group("tracing"))
+    return p
+
+
+def _model_and_training_flags(g):
+    """The model, the batch, the floating type, how long to train and whether to evaluate."""
     B = boolean
-    g = p.add_argument_group("model")
     g.add_argument("--model", dest="model_name", default="simplecnn",
                    help="registered model name (see README) or a path to a .py file defining create_model(model)")
     g.add_argument("--batch_size", type=positive_int, default=64,
@@ -120,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate on the test set before and after training (refused without a test split)")
     g.add_argument("--evaluate_only", type=B, default=False,
                    help="only evaluate on the test set (refused without a test split)")
+
+
+def _weights_and_resume_flags(g):
+    """Weights in and out, the history, upstream's accepted no-op flags, the seed, resuming."""
+    B = boolean
     g.add_argument("--weights_and_bias_filename", default=None, help="NPZ weights to load before training")
     g.add_argument("--save_weights_and_bias_filename", default=None,
                    help="write the final weights here as NPZ (stable keys layer/param, no pickle)")
@@ -142,7 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where model_checkpoint, step checkpoints and the SIGTERM/SIGUSR1 checkpoint write "
                         "(created by the first checkpoint)")
 
-    g = p.add_argument_group("dataset")
+
+def _dataset_flags(g):
+    """Which data, its targets, and the held-out and augmentation settings."""
+    B = boolean
     g.add_argument("--dataset", dest="dataset_name", default="synthetic", type=dataset_name,
                    help="synthetic (learnable, offline; upstream's default was mnist), mnist, cifar10, imagenet, "
                         "bytes (a text file, --dataset_train_path, default a shipped public-domain text, as "
@@ -167,7 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--crop_images_size", type=positive_int, default=16)
     g.add_argument("--crop_images_prob", type=finite_float, default=0.5)
 
-    g = p.add_argument_group("optimizer")
+
+def _optimizer_flags(g):
+    """The optimizer and its hyperparameters, the loss, clipping, the metrics."""
+    B = boolean
     g.add_argument("--optimizer", dest="optimizer_name", default="sgd", choices=["sgd", "rmsprop", "adam", "nadam", "adamw"])
     g.add_argument("--learning_rate", type=finite_float, default=0.01)
     g.add_argument("--learning_rate_scaling", type=B, default=True,
@@ -193,7 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scale the reduced gradient to this global L2 norm when it is larger (0 = off)")
     g.add_argument("--metrics", default="categorical_accuracy", help="comma list of metrics")
 
-    g = p.add_argument_group("LR schedulers (nothing writes files unless model_checkpoint is named)")
+
+def _scheduler_flags(g):
+    """The learning-rate schedulers and the checkpoints written by model_checkpoint."""
     g.add_argument("--lr_schedulers", dest="lr_schedulers_names", default="early_stopping,reduce_lr_on_plateau",
                    help="comma list of warm_up, cosine, early_stopping, reduce_lr_on_plateau, reduce_lr_every_nepochs, "
                         "stop_at_loss, model_checkpoint (upstream's default also wrote checkpoints into the CWD); "
@@ -225,7 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model_checkpoint_save_minutes", type=nonneg_float, default=0.0,
                    help="also write such a checkpoint every M minutes of training, by rank 0's clock (0 = off)")
 
-    g = p.add_argument_group("parallelism and heterogeneity")
+
+def _data_parallel_flags(g):
+    """Data parallelism: the split of the global batch, its weighting, sync-BN, speed emulation."""
+    B = boolean
     g.add_argument("--parallel", default="sequential", choices=["sequential", "data"])
     g.add_argument("--non_blocking_mpi", type=B, default=False,
                    help="reduce gradients in reverse-order buckets with Iallreduce, overlapped with backward")
@@ -247,6 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--emulate_speeds", type=float_list, default=None,
                    help="f1,f2,...: replica i behaves as a device f_i/max(f) as fast as the full-speed replicas (each step's "
                         "compute padded to b_i*t0/f_i, t0 their measured time per sample); for experiments on one machine")
+
+
+def _device_flags(g):
+    """Each replica's device, threads and convolution algorithms."""
+    B = boolean
     g.add_argument("--threads_per_replica", type=positive_int, default=None,
                    help="BLAS and kernel threads of each replica (default: OMP_NUM_THREADS if set, else the "
                         "node's cores divided by the ranks on the node)")
@@ -268,7 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--precision", default="fp32", choices=["fp32", "tf32"],
                    help="GPU float32 math: fp32 (strict, no tensor-core TF32) or tf32 (faster, ~1e-3 relative error)")
 
-    g = p.add_argument_group("tracing")
+
+def _tracing_and_output_flags(g):
+    """Traces, per-step scalars, plots, profiles and the progress bar."""
+    B = boolean
     g.add_argument("--tracing", type=B, default=False,
                    help="write a per-layer Chrome/Perfetto trace of every rank (--tracer_output, --trace_steps)")
     g.add_argument("--tracer_output", default="trace.json", help="Chrome-trace JSON file of the timeline (--tracing true)")
@@ -286,7 +325,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile", type=B, default=False, help="cProfile of rank 0's training, printed at the end")
     g.add_argument("--progress_bar", type=B, default=True,
                    help="progress on rank 0's stderr: a tqdm bar on a terminal, else a plain line every 10 s")
-    return p
 
 
 def parse_args(argv=None):
