@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import time
+import types
 
 from pydtnn.errors import ConfigError, PyDTNNError
 
@@ -378,16 +379,17 @@ def run(p, given=None):
     own (its device, its copy of the dataset and the model, the weights or checkpoint it reads) runs in
     blocks that end in one collective (`raise_together`), so that a mistake only one rank sees stops every
     rank at once with one line."""
-    comm = communicator(p)                                 # serial, or MPI's world under mpiexec
-    config = configuration(p, given, comm)                 # resumed flags merged; every cross-flag check
-    devices = set_up_devices(config, comm)                 # threads per replica, speed emulation
-    local = build_data_and_model(config, comm)             # each rank's backend, data, model; the split
+    comm = communicator(p)                                        # serial, or MPI's world under mpiexec
+    config = configuration(p, given, comm)                        # resumed flags merged; every cross-flag check
+    devices = set_up_devices(config, comm)                        # threads per replica, speed emulation
+    local = build_data_and_model(config, comm)                    # each rank's backend, model and data
+    split = policy_and_split(config, local, comm)                 # the global batch and the policy's first split
     if p.enable_nccl and comm.size > 1:
         from pydtnn.parallel.comm import make_comm
         comm = make_comm("nccl")
-    trainer = make_trainer(config, devices, local, comm)   # optimizer, schedulers, restored state, probe
+    trainer = make_trainer(config, devices, local, split, comm)   # optimizer, schedulers, restored state, probe
     if comm.rank == 0:
-        _print_banner(config, devices, local, trainer)
+        _print_banner(config, devices, local, split, trainer)
     return train(config, trainer, comm)
 
 
@@ -401,8 +403,6 @@ def communicator(p):
 
 def configuration(p, given, comm):
     """The one validated configuration (`pydtnn.config.configure`), after --resume's flags are merged in."""
-    import types
-
     from pydtnn import config
     from pydtnn.parallel import launcher
     from pydtnn.parallel.comm import raise_together
@@ -423,8 +423,6 @@ def configuration(p, given, comm):
 
 def set_up_devices(config, comm):
     """Threads per replica (all ranks' for the banner) and --emulate_speeds' factor for this rank."""
-    import types
-
     import numpy as np
     from pydtnn.parallel.threads import apply_threads
     np.seterr(all="ignore")        # overflow on the way to a NaN loss is reported once, by the trainer
@@ -445,16 +443,120 @@ def set_up_devices(config, comm):
 
 
 def build_data_and_model(config, comm):
-    """Each rank's backend, dataset copy and model, and the policy's initial split (`_build_local`), in one
-    block that ends in a collective."""
+    """Each rank's backend, model and copy of the dataset (`rank_data_and_model`), in one block that ends in
+    a collective."""
     from pydtnn.parallel.comm import raise_together
     if config.p.download:
         _download_on_rank0(config.p, comm)
-    return raise_together(comm, lambda: _build_local(config.p, config.devices, comm.size, comm.rank, config.policy),
+    return raise_together(comm, lambda: rank_data_and_model(config.p, config.devices[comm.rank], comm.rank),
                           "another rank could not set up its device, model or data")
 
 
-def make_trainer(config, devices, local, comm):
+def rank_data_and_model(p, kind, rank):
+    """This rank's model on its backend and its copy of the dataset, without communicating. Data and model
+    are one step because their shapes flow either way: synthetic data is shaped like the model (a model
+    file's shape is known only once it is built), a real dataset gives the model its shape and classes."""
+    from pydtnn.datasets import load_dataset
+    from pydtnn.models import build_model
+    model, options = _new_model(p, kind, rank)
+    if (p.model_name.endswith(".py") or os.sep in p.model_name) and not os.path.isfile(p.model_name):
+        raise ConfigError(f"--model {p.model_name}: no such file")
+    if p.use_synthetic_data and p.dataset_name == "bytes":
+        raise ConfigError("--use_synthetic_data makes images; the bytes dataset is text (drop the flag)")
+    if p.dataset_name == "synthetic" or p.use_synthetic_data:
+        shape, ncls = _synthetic_model_shape(p)
+        build_model(p.model_name, model, nclasses=ncls, input_shape=shape)
+        dataset = _synthetic_data(p, model)
+    else:
+        dataset = load_dataset(p.dataset_name, train_path=p.dataset_train_path, test_path=p.dataset_test_path,
+                               seed=p.seed, targets=p.targets, sequence_length=p.sequence_length,
+                               **_augmentation(p))
+        build_model(p.model_name, model, nclasses=dataset.nclasses,
+                    input_shape=None if os.path.isfile(p.model_name) else dataset.input_shape)
+    _check_model_matches_data(p, model, dataset)
+    return types.SimpleNamespace(model=model, dataset=dataset, options=options)
+
+
+def _new_model(p, kind, rank):
+    """An empty Model on this rank's backend (``kind``: cpu or gpu), and the backend's options."""
+    from pydtnn.backends import get_backend
+    from pydtnn.model import Model
+    options = ({"precision": p.precision, "auto_conv_alg": p.enable_cudnn_auto_conv_alg} if kind == "gpu" else
+               {"conv_algorithm": "winograd" if p.enable_conv_winograd else p.conv_algorithm})
+    model = Model(backend=get_backend(kind, p.dtype, p.seed, **options), seed=p.seed)
+    model.backend.seed(p.seed * 1000003 + rank)          # dropout: an independent stream per replica
+    return model, options
+
+
+def _synthetic_model_shape(p):
+    """(input shape, classes) to build the model with on synthetic data: those of the dataset that
+    --use_synthetic_data imitates; else a registered model's default input; a model file's own (None)."""
+    from pydtnn.datasets import KNOWN_SHAPES
+    from pydtnn.models import default_input_shape
+    if p.dataset_name != "synthetic":
+        return KNOWN_SHAPES[p.dataset_name]
+    if os.path.isfile(p.model_name):
+        return None, None
+    return default_input_shape(p.model_name), None
+
+
+def _synthetic_data(p, model):
+    """Learnable synthetic data shaped like the built model, refused before allocating if it cannot fit."""
+    from pydtnn.datasets import load_dataset
+    if p.synthetic_samples:
+        from pydtnn.limits import check_fits, dataset_bytes
+        check_fits(dataset_bytes(p.synthetic_samples, model.input_shape),
+                   f"--synthetic_samples {p.synthetic_samples}", "lower --synthetic_samples")
+    return load_dataset("synthetic", input_shape=model.input_shape, nclasses=model.output_shape[0],
+                        synthetic_samples=p.synthetic_samples, seed=p.seed, targets=p.targets, **_augmentation(p))
+
+
+def _augmentation(p):
+    return dict(validation_split=p.validation_split, test_as_validation=p.test_as_validation,
+                normalize=p.normalize, flip_images=p.flip_images, flip_images_prob=p.flip_images_prob,
+                crop_images=p.crop_images, crop_images_size=p.crop_images_size, crop_images_prob=p.crop_images_prob)
+
+
+def _check_model_matches_data(p, model, dataset):
+    """The model takes the data's inputs and gives its targets' shape (one line naming both otherwise)."""
+    if tuple(model.input_shape) != tuple(dataset.input_shape):
+        raise ConfigError(f"model {p.model_name} takes inputs {model.input_shape} but dataset {p.dataset_name} "
+                          f"has {dataset.input_shape}")
+    if tuple(model.output_shape) != dataset.output_shape:
+        what = (f"{dataset.nclasses} classes" if dataset.target_shape is None else
+                f"targets of shape {dataset.output_shape}")
+        hint = "; an autoencoder needs --targets inputs" if dataset.target_shape is None and \
+            tuple(model.output_shape) == tuple(dataset.input_shape) else ""
+        raise ConfigError(f"model {p.model_name} gives outputs of shape {tuple(model.output_shape)} but dataset "
+                          f"{p.dataset_name} has {what}{hint}")
+
+
+def policy_and_split(config, local, comm):
+    """The global batch and the policy's initial split of it (`initial_split`), in a block that ends in a
+    collective. It follows data and model: B must suit the training samples, and each local batch's
+    activations must fit this rank's memory."""
+    from pydtnn.parallel.comm import raise_together
+    return raise_together(comm, lambda: initial_split(config.p, config.policy, local.model, local.dataset,
+                                                      comm.size),
+                          "another rank could not split the global batch")
+
+
+def initial_split(p, policy, model, dataset, nprocs):
+    """The global batch B, the memory caps and the policy's checked initial sizes (pydtnn.parallel.policies),
+    which the policy keeps; refused when B does not suit the data or a local batch does not fit memory."""
+    from pydtnn import config as config_checks
+    from pydtnn.parallel import balance
+    n = nprocs if p.parallel == "data" else 1
+    B = p.global_batch_size or p.batch_size * n
+    caps = balance.caps_for(p.max_local_batch, n)
+    config_checks.check_against_data(p, dataset, B)
+    sizes = balance.check_split(policy.initial_sizes(B, n, caps), B, n, caps, f"balance policy {policy.name}")
+    policy.sizes = list(sizes)
+    _check_batch_fits(model, sizes, len(dataset.train), p)
+    return types.SimpleNamespace(global_batch=B, sizes=sizes, caps=caps)
+
+
+def make_trainer(config, devices, local, split, comm):
     """The Trainer: optimizer, loss, schedulers and the rest from the flags; then the weights or checkpoint
     it restores and the speed probe of a policy that asks for one."""
     from pydtnn.losses import get_loss
@@ -477,9 +579,9 @@ def make_trainer(config, devices, local, comm):
     step_metrics = StepMetrics(comm.rank, p.tensorboard_dir, p.step_history_file, p.plots_dir)
     trainer = Trainer(
         model, dataset, optimizer, loss=get_loss(p.loss_func, label_smoothing=p.label_smoothing), metrics=config.metrics,
-        parallel=Parallelism(comm=comm, global_batch=local.global_batch, sizes=local.sizes, policy=config.policy,
+        parallel=Parallelism(comm=comm, global_batch=split.global_batch, sizes=split.sizes, policy=config.policy,
                              gradient_weighting=config.weighting, non_blocking=p.non_blocking_mpi,
-                             sync_batchnorm=p.sync_batchnorm and config.data_parallel, max_local_batch=local.caps,
+                             sync_batchnorm=p.sync_batchnorm and config.data_parallel, max_local_batch=split.caps,
                              clip_grad_norm=p.clip_grad_norm),
         loop=Loop(steps_per_epoch=p.steps_per_epoch, seed=p.seed, schedulers=schedulers, callbacks=[step_metrics]),
         checkpointing=Checkpointing(checkpoint_dir=p.checkpoint_dir, save_steps=p.model_checkpoint_save_steps,
@@ -504,7 +606,7 @@ def make_trainer(config, devices, local, comm):
     return trainer
 
 
-def _print_banner(config, devices, local, trainer):
+def _print_banner(config, devices, local, split, trainer):
     p, model = config.p, local.model
     _print_params(p, config.nreplicas)
     for line in config.resume.lines:
@@ -520,7 +622,7 @@ def _print_banner(config, devices, local, trainer):
         print(f"GPU float32 precision: {p.precision}" + (" (TF32 tensor cores)" if p.precision == "tf32"
                                                           else " (strict, no TF32)"))
     if config.data_parallel:
-        print(f"global batch {local.global_batch} split as {trainer.sizes} (balance {p.balance}, weighting "
+        print(f"global batch {split.global_batch} split as {trainer.sizes} (balance {p.balance}, weighting "
               f"{p.gradient_weighting})")
     if devices.kinds[0] == "cpu":
         print(f"CPU convolutions: {local.options['conv_algorithm']}")
@@ -570,74 +672,6 @@ def train(config, trainer, comm):
                                               title=f"layer profile of rank 0 (b_i = {trainer.sizes[0]})"))
     comm.barrier()
     return 0
-
-
-def _build_local(p, devices, P, rank, policy):
-    """What each rank builds on its own, without communicating: its backend, the model, its copy of the
-    dataset, the split of the global batch; and the checks that need them."""
-    import types
-
-    from pydtnn import config as config_checks
-    from pydtnn.backends import get_backend
-    from pydtnn.datasets import KNOWN_SHAPES, load_dataset
-    from pydtnn.model import Model
-    from pydtnn.models import build_model, default_input_shape
-    from pydtnn.parallel import balance
-    backend = devices[rank]
-    options = ({"precision": p.precision, "auto_conv_alg": p.enable_cudnn_auto_conv_alg} if backend == "gpu" else
-               {"conv_algorithm": "winograd" if p.enable_conv_winograd else p.conv_algorithm})
-    model = Model(backend=get_backend(backend, p.dtype, p.seed, **options), seed=p.seed)
-    model.backend.seed(p.seed * 1000003 + rank)          # dropout: an independent stream per replica
-
-    if (p.model_name.endswith(".py") or os.sep in p.model_name) and not os.path.isfile(p.model_name):
-        raise ConfigError(f"--model {p.model_name}: no such file")
-    augmentation = dict(validation_split=p.validation_split, test_as_validation=p.test_as_validation,
-                        normalize=p.normalize, flip_images=p.flip_images, flip_images_prob=p.flip_images_prob,
-                        crop_images=p.crop_images, crop_images_size=p.crop_images_size,
-                        crop_images_prob=p.crop_images_prob)
-    if p.use_synthetic_data and p.dataset_name == "bytes":
-        raise ConfigError("--use_synthetic_data makes images; the bytes dataset is text (drop the flag)")
-    if p.dataset_name == "synthetic" or p.use_synthetic_data:
-        if p.dataset_name != "synthetic":
-            shape, ncls = KNOWN_SHAPES[p.dataset_name]
-        elif os.path.isfile(p.model_name):
-            shape, ncls = None, None
-        else:
-            shape, ncls = default_input_shape(p.model_name), None
-        build_model(p.model_name, model, nclasses=ncls, input_shape=shape)
-        if p.synthetic_samples:
-            from pydtnn.limits import check_fits, dataset_bytes
-            check_fits(dataset_bytes(p.synthetic_samples, model.input_shape),
-                       f"--synthetic_samples {p.synthetic_samples}", "lower --synthetic_samples")
-        dataset = load_dataset("synthetic", input_shape=model.input_shape, nclasses=model.output_shape[0],
-                               synthetic_samples=p.synthetic_samples, seed=p.seed, targets=p.targets,
-                               **augmentation)
-    else:
-        dataset = load_dataset(p.dataset_name, train_path=p.dataset_train_path, test_path=p.dataset_test_path,
-                               seed=p.seed, targets=p.targets, sequence_length=p.sequence_length, **augmentation)
-        build_model(p.model_name, model, nclasses=dataset.nclasses,
-                    input_shape=None if os.path.isfile(p.model_name) else dataset.input_shape)
-    if tuple(model.input_shape) != tuple(dataset.input_shape):
-        raise ConfigError(f"model {p.model_name} takes inputs {model.input_shape} but dataset {p.dataset_name} "
-                          f"has {dataset.input_shape}")
-    if tuple(model.output_shape) != dataset.output_shape:
-        what = (f"{dataset.nclasses} classes" if dataset.target_shape is None else
-                f"targets of shape {dataset.output_shape}")
-        hint = "; an autoencoder needs --targets inputs" if dataset.target_shape is None and \
-            tuple(model.output_shape) == tuple(dataset.input_shape) else ""
-        raise ConfigError(f"model {p.model_name} gives outputs of shape {tuple(model.output_shape)} but dataset "
-                          f"{p.dataset_name} has {what}{hint}")
-
-    # the global batch and its split (a policy: pydtnn.parallel.policies)
-    n = P if p.parallel == "data" else 1
-    B = p.global_batch_size or p.batch_size * n
-    caps = balance.caps_for(p.max_local_batch, n)
-    config_checks.check_against_data(p, dataset, B)
-    sizes = balance.check_split(policy.initial_sizes(B, n, caps), B, n, caps, f"balance policy {policy.name}")
-    policy.sizes = list(sizes)
-    _check_batch_fits(model, sizes, len(dataset.train), p)
-    return types.SimpleNamespace(model=model, dataset=dataset, global_batch=B, sizes=sizes, caps=caps,
-                                 options=options)
 
 
 def _check_outputs(p, comm):
