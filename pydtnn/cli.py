@@ -229,16 +229,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--parallel", default="sequential", choices=["sequential", "data"])
     g.add_argument("--non_blocking_mpi", type=B, default=False,
                    help="reduce gradients in reverse-order buckets with Iallreduce, overlapped with backward")
-    g.add_argument("--balance", default="none", choices=["none", "static", "dynamic"],
-                   help="split of the global batch: equal; proportional to --replica_speeds (or to probed "
-                        "speeds); or re-measured and re-split during training")
+    g.add_argument("--balance", default="none",
+                   help="split of the global batch: none (equal); static: proportional to --replica_speeds (or to "
+                        "probed speeds); dynamic: re-measured and re-split during training; or a user's "
+                        "BalancePolicy, FILE.py:CLASS or module:CLASS (pydtnn.parallel.balance)")
     g.add_argument("--replica_speeds", type=float_list, default=None, help="v1,v2,... relative replica speeds")
     g.add_argument("--max_local_batch", type=positive_int_list, default=None,
                    help="memory caps: the most samples a replica may hold, one value for all or one per replica; "
                         "the split stays proportional to speed below the caps and spills the excess to the others")
     g.add_argument("--rebalance_interval", type=positive_int, default=20, help="dynamic: steps between re-splits")
-    g.add_argument("--gradient_weighting", default="proportional", choices=["proportional", "uniform"],
-                   help="proportional: w_i = b_i/B (the exact global-batch gradient); uniform: w_i = 1/P")
+    g.add_argument("--gradient_weighting", default="proportional",
+                   help="proportional: w_i = b_i/B (the exact global-batch gradient); uniform: w_i = 1/P; or a "
+                        "user's FILE.py:FUNCTION (or module:FUNCTION) weights(sizes) -> list of w_i")
     g.add_argument("--sync_batchnorm", type=B, default=False,
                    help="BatchNormalization in training uses the global batch's statistics, summed over the "
                         "replicas with their own b_i (exact for unequal splits; two small allreduces per layer)")
@@ -296,7 +298,7 @@ def parse_command_line(argv=None):
     then agrees that all were started with the same flags (`config_checks.agree_on_flags`): a rank whose
     flags do not parse, or that was given others (an MPMD launch, a per-node job script), stops every rank
     with one line."""
-    from pydtnn import config_checks
+    from pydtnn import config as config_checks
     error = p = None
     given = frozenset()
     try:
@@ -331,155 +333,178 @@ def _print_params(p, comm_size):
 
 
 def run(p, given=None):
-    """Everything after parsing. Raises PyDTNNError for the user's mistakes. ``given``: the names of the
-    flags the command line gave (None: every attribute of ``p`` counts as given).
+    """Everything after parsing, as named steps. Raises PyDTNNError for the user's mistakes. ``given``: the
+    names of the flags the command line gave (None: every attribute of ``p`` counts as given).
 
     Every check of the flags runs before any work and before the banner. Work that each rank does on its
     own (its device, its copy of the dataset and the model, the weights or checkpoint it reads) runs in
     blocks that end in one collective (`raise_together`), so that a mistake only one rank sees stops every
     rank at once with one line."""
-    from pydtnn import config_checks
-    from pydtnn.parallel import launcher
-    from pydtnn.parallel.comm import make_comm, raise_together
-    given = frozenset(vars(p)) if given is None else frozenset(given)
-    config_checks.check_combinations(p)
-    trace_steps = _trace_steps(p)
-    if p.enable_nccl and p.parallel != "data":
-        raise ConfigError("--enable_nccl needs --parallel data")
-    comm = make_comm("auto") if p.parallel == "data" else make_comm("serial")
-    if p.parallel == "sequential" and launcher.launched_with_many_processes():
-        raise ConfigError("several MPI processes with --parallel sequential would train independent copies; "
-                          "use --parallel data")
-    from pydtnn.parallel.threads import apply_threads
-    threads, threads_why = apply_threads(p.threads_per_replica, comm)
-    threads_all = [int(t) for t in comm.allgather(float(threads))]
-    P, rank = comm.size, comm.rank
+    comm = communicator(p)                                 # serial, or MPI's world under mpiexec
+    config = configuration(p, given, comm)                 # resumed flags merged; every cross-flag check
+    devices = set_up_devices(config, comm)                 # threads per replica, speed emulation
+    local = build_data_and_model(config, comm)             # each rank's backend, data, model; the split
+    if p.enable_nccl and comm.size > 1:
+        from pydtnn.parallel.comm import make_comm
+        comm = make_comm("nccl")
+    trainer = make_trainer(config, devices, local, comm)   # optimizer, schedulers, restored state, probe
+    if comm.rank == 0:
+        _print_banner(config, devices, local, trainer)
+    return train(config, trainer, comm)
 
+
+def communicator(p):
+    """The communicator of the run (MPI starts here under a launcher)."""
+    from pydtnn import config
+    from pydtnn.parallel.comm import make_comm
+    config.check_combinations(p)
+    return make_comm("auto") if p.parallel == "data" else make_comm("serial")
+
+
+def configuration(p, given, comm):
+    """The one validated configuration (`pydtnn.config.configure`), after --resume's flags are merged in."""
+    import types
+
+    from pydtnn import config
+    from pydtnn.parallel import launcher
+    from pydtnn.parallel.comm import raise_together
+    given = frozenset(vars(p)) if given is None else frozenset(given)
     resume_lines, anew = [], set()
     if p.resume:          # the checkpoint's run gives the flags this command line does not
         from pydtnn.checkpoint import read_meta
         _, anew, resume_lines = raise_together(
-            comm, lambda: config_checks.merge_resumed_flags(build_parser(), p, given, read_meta(p.resume)["flags"],
-                                                            p.resume),
+            comm, lambda: config.merge_resumed_flags(build_parser(), p, given, read_meta(p.resume)["flags"], p.resume),
             "another rank could not read its --resume checkpoint")
-        if P > 1:
-            config_checks.agree_on_flags(comm.comm, build_parser(), p,
-                                         what="resumed from checkpoints of runs with")
+        if comm.size > 1:
+            config.agree_on_flags(comm.comm, build_parser(), p, what="resumed from checkpoints of runs with")
+    run_config = config.configure(p, comm.size, launcher.launched_with_many_processes())
     _check_outputs(p, comm)
-    rate, rate_why = config_checks.learning_rate_in_force(p, P)
-    config_checks.check_schedules(p, rate, rate_why)
+    run_config.resume = types.SimpleNamespace(lines=resume_lines, anew=anew)
+    return run_config
+
+
+def set_up_devices(config, comm):
+    """Threads per replica (all ranks' for the banner) and --emulate_speeds' factor for this rank."""
+    import types
 
     import numpy as np
+    from pydtnn.parallel.threads import apply_threads
     np.seterr(all="ignore")        # overflow on the way to a NaN loss is reported once, by the trainer
-    from pydtnn.optimizers import get_optimizer
-    from pydtnn.schedulers import check_metrics, make_schedulers
-    from pydtnn.trainer import Trainer
-
-    devices = [("gpu" if p.enable_gpu else "cpu")] * P
-    if p.devices:
-        devices = [d.strip().lower() for d in p.devices.split(",")]
-        if len(devices) != P or any(d not in ("cpu", "gpu") for d in devices):
-            raise ConfigError(f"--devices needs one of cpu/gpu per replica ({P}), got {p.devices!r}")
-    if p.enable_nccl and P > 1 and any(d != "gpu" for d in devices):
-        raise ConfigError("--enable_nccl needs every replica on a GPU; mixed --devices reduce through MPI")
-    if p.enable_conv_winograd and p.conv_algorithm == "direct":
-        raise ConfigError("--enable_conv_winograd true contradicts --conv_algorithm direct")
-    if p.replica_speeds and not (p.parallel == "data" and p.balance == "static"):
-        raise ConfigError("--replica_speeds is used by --parallel data --balance static only")
-    if p.parallel == "data" and p.balance == "static" and p.replica_speeds and len(p.replica_speeds) != P:
-        raise ConfigError(f"--replica_speeds has {len(p.replica_speeds)} values for {P} replicas")
-    if p.emulate_speeds and len(p.emulate_speeds) != P:
-        raise ConfigError(f"--emulate_speeds has {len(p.emulate_speeds)} values for {P} replicas")
-    if p.download:
-        _download_on_rank0(p, comm)
-    local = raise_together(comm, lambda: _build_local(p, devices, P, rank),
-                           "another rank could not set up its device, model or data")
-    model, dataset, B, sizes, caps = local.model, local.dataset, local.global_batch, local.sizes, local.caps
-    if p.enable_nccl and P > 1:
-        comm = make_comm("nccl")
-    emulate, emulate_spin, emulate_reference = 1.0, False, ()
+    p = config.p
+    threads, why = apply_threads(p.threads_per_replica, comm)
+    out = types.SimpleNamespace(kinds=config.devices, threads=threads, threads_why=why,
+                                threads_all=[int(t) for t in comm.allgather(float(threads))],
+                                emulate=1.0, emulate_spin=False, emulate_reference=())
     if p.emulate_speeds:
-        emulate = p.emulate_speeds[rank] / max(p.emulate_speeds)
-        emulate_reference = [i for i, f in enumerate(p.emulate_speeds) if f == max(p.emulate_speeds)]
+        fastest = max(p.emulate_speeds)
+        out.emulate = p.emulate_speeds[comm.rank] / fastest
+        out.emulate_reference = [i for i, f in enumerate(p.emulate_speeds) if f == fastest]
         # busy-wait where the node's cores hold every rank's threads (a sleep slows what follows it)
         from pydtnn.parallel.threads import node_core_sets
         node = node_core_sets(comm)
-        emulate_spin = len(node) * threads <= len(set().union(*node))
+        out.emulate_spin = len(node) * threads <= len(set().union(*node))
+    return out
 
-    optimizer = get_optimizer(p.optimizer_name, learning_rate=rate, momentum=p.momentum, nesterov=p.nesterov,
-                              decay=p.decay, rho=p.rho, beta1=p.beta1, beta2=p.beta2, epsilon=p.epsilon)
-    metrics = [m.strip() for m in p.metrics.split(",") if m.strip()]
+
+def build_data_and_model(config, comm):
+    """Each rank's backend, dataset copy and model, and the policy's initial split (`_build_local`), in one
+    block that ends in a collective."""
+    from pydtnn.parallel.comm import raise_together
+    if config.p.download:
+        _download_on_rank0(config.p, comm)
+    return raise_together(comm, lambda: _build_local(config.p, config.devices, comm.size, comm.rank, config.policy),
+                          "another rank could not set up its device, model or data")
+
+
+def make_trainer(config, devices, local, comm):
+    """The Trainer: optimizer, loss, schedulers and the rest from the flags; then the weights or checkpoint
+    it restores and the speed probe of a policy that asks for one."""
+    from pydtnn.losses import get_loss
+    from pydtnn.optimizers import get_optimizer
+    from pydtnn.parallel.comm import raise_together
+    from pydtnn.schedulers import check_metrics, make_schedulers
+    from pydtnn.trainer import Trainer
+    from pydtnn.trainer_options import Checkpointing, Emulation, Loop, Outputs, Parallelism
+    p, model, dataset = config.p, local.model, local.dataset
+    optimizer = get_optimizer(p.optimizer_name, learning_rate=config.learning_rate, momentum=p.momentum,
+                              nesterov=p.nesterov, decay=p.decay, rho=p.rho, beta1=p.beta1, beta2=p.beta2,
+                              epsilon=p.epsilon)
     has_val = dataset.val is not None
     schedulers = make_schedulers(p.lr_schedulers_names, p)
-    check_metrics(schedulers, {"loss", *metrics}, has_val)
-    if not has_val:
-        metric_driven = [s for s in schedulers if getattr(s, "metric", "").startswith("val_")
-                         and s.name != "model_checkpoint"]
-        schedulers = [s for s in schedulers if s not in metric_driven]
-    tracer_output = p.tracer_output if p.tracing else None
+    check_metrics(schedulers, {"loss", *config.metrics}, has_val)
+    if not has_val:          # metric-driven schedulers need validation data
+        schedulers = [s for s in schedulers if not (getattr(s, "metric", "").startswith("val_")
+                                                    and s.name != "model_checkpoint")]
     from pydtnn.profiling.step_metrics import StepMetrics
-    step_metrics = StepMetrics(rank, p.tensorboard_dir, p.step_history_file, p.plots_dir)
+    step_metrics = StepMetrics(comm.rank, p.tensorboard_dir, p.step_history_file, p.plots_dir)
+    trainer = Trainer(
+        model, dataset, optimizer, loss=get_loss(p.loss_func, label_smoothing=p.label_smoothing), metrics=config.metrics,
+        parallel=Parallelism(comm=comm, global_batch=local.global_batch, sizes=local.sizes, policy=config.policy,
+                             gradient_weighting=config.weighting, non_blocking=p.non_blocking_mpi,
+                             sync_batchnorm=p.sync_batchnorm and config.data_parallel, max_local_batch=local.caps,
+                             clip_grad_norm=p.clip_grad_norm),
+        loop=Loop(steps_per_epoch=p.steps_per_epoch, seed=p.seed, schedulers=schedulers, callbacks=[step_metrics]),
+        checkpointing=Checkpointing(checkpoint_dir=p.checkpoint_dir, save_steps=p.model_checkpoint_save_steps,
+                                    save_minutes=p.model_checkpoint_save_minutes, handle_signals=True),
+        outputs=Outputs(history_file=p.history_file, progress=p.progress_bar,
+                        tracer_output=p.tracer_output if p.tracing else None, flags=vars(p),
+                        trace_steps=config.trace_steps, profile_layers=p.profile_layers),
+        emulation=Emulation(devices.emulate, devices.emulate_spin, devices.emulate_reference))
+    anew = config.resume.anew
 
-    from pydtnn.losses import get_loss
-    loss = get_loss(p.loss_func, label_smoothing=p.label_smoothing)
-    trainer = Trainer(model, dataset, optimizer, loss=loss, metrics=metrics, comm=comm, global_batch=B,
-                      sizes=sizes, gradient_weighting=p.gradient_weighting, balance_mode=p.balance,
-                      rebalance_interval=p.rebalance_interval, emulate_speed=emulate, emulate_spin=emulate_spin,
-                      emulate_reference=emulate_reference,
-                      non_blocking=p.non_blocking_mpi, steps_per_epoch=p.steps_per_epoch, seed=p.seed,
-                      schedulers=schedulers, history_file=p.history_file, progress=p.progress_bar,
-                      tracer_output=tracer_output, flags=vars(p), checkpoint_dir=p.checkpoint_dir,
-                      save_steps=p.model_checkpoint_save_steps, save_minutes=p.model_checkpoint_save_minutes,
-                      handle_signals=True, clip_grad_norm=p.clip_grad_norm,
-                      sync_batchnorm=p.sync_batchnorm and p.parallel == "data", max_local_batch=caps,
-                      trace_steps=trace_steps, profile_layers=p.profile_layers, callbacks=[step_metrics])
     def restore():
         if p.weights_and_bias_filename:
             from pydtnn.checkpoint import load_weights
             load_weights(p.weights_and_bias_filename, model)
         if p.resume:
             # a measured split (probe or dynamic) continues from the checkpoint; one given by flags is the flags'
-            trainer.resume(p.resume, keep_split=p.balance == "dynamic" or (p.balance == "static" and not p.replica_speeds),
-                           learning_rate=rate if "learning_rate" in anew else None,
+            trainer.resume(p.resume, keep_split=trainer.policy.measured,
+                           learning_rate=config.learning_rate if "learning_rate" in anew else None,
                            restore_optimizer="optimizer_name" not in anew)
     raise_together(comm, restore, "another rank could not read its weights or checkpoint")
-    if p.parallel == "data" and p.balance == "static" and not p.replica_speeds and not trainer.restored_split:
-        trainer.sizes = _probe_sizes(trainer, B, P, caps)
+    trainer.probe_split()
+    return trainer
 
-    if rank == 0:
-        _print_params(p, P)
-        for line in resume_lines:
-            print(line)
-        in_force = trainer.optimizer.learning_rate
-        if p.resume and in_force != rate:
-            print(f"learning rate in force: {in_force:g} (restored from the checkpoint {p.resume})")
-        elif rate_why:
-            print(f"learning rate in force: {rate:g} ({rate_why})")
-        print(model.summary())
-        print(f"threads per replica: {', '.join(map(str, threads_all))} ({threads_why})")
-        if "gpu" in devices:
-            print(f"GPU float32 precision: {p.precision}" + (" (TF32 tensor cores)" if p.precision == "tf32"
-                                                              else " (strict, no TF32)"))
-        if p.parallel == "data":
-            print(f"global batch {B} split as {trainer.sizes} (balance {p.balance}, weighting {p.gradient_weighting})")
-        if devices[0] == "cpu":
-            print(f"CPU convolutions: {local.options['conv_algorithm']}")
-        for flag in ("enable_conv_gemm", "enable_memory_cache"):
-            if getattr(p, flag):
-                print(f"note: --{flag} is accepted for upstream's job scripts and has no effect")
-        if not has_val and p.lr_schedulers_names:
-            print("note: no validation data; metric-driven LR schedulers are off "
-                  "(use --validation_split or --test_as_validation)")
-        sys.stdout.flush()
 
-    test = dataset.test
+def _print_banner(config, devices, local, trainer):
+    p, model = config.p, local.model
+    _print_params(p, config.nreplicas)
+    for line in config.resume.lines:
+        print(line)
+    in_force, rate = trainer.optimizer.learning_rate, config.learning_rate
+    if p.resume and in_force != rate:
+        print(f"learning rate in force: {in_force:g} (restored from the checkpoint {p.resume})")
+    elif config.learning_rate_why:
+        print(f"learning rate in force: {rate:g} ({config.learning_rate_why})")
+    print(model.summary())
+    print(f"threads per replica: {', '.join(map(str, devices.threads_all))} ({devices.threads_why})")
+    if "gpu" in devices.kinds:
+        print(f"GPU float32 precision: {p.precision}" + (" (TF32 tensor cores)" if p.precision == "tf32"
+                                                          else " (strict, no TF32)"))
+    if config.data_parallel:
+        print(f"global batch {local.global_batch} split as {trainer.sizes} (balance {p.balance}, weighting "
+              f"{p.gradient_weighting})")
+    if devices.kinds[0] == "cpu":
+        print(f"CPU convolutions: {local.options['conv_algorithm']}")
+    for flag in ("enable_conv_gemm", "enable_memory_cache"):
+        if getattr(p, flag):
+            print(f"note: --{flag} is accepted for upstream's job scripts and has no effect")
+    if local.dataset.val is None and p.lr_schedulers_names:
+        print("note: no validation data; metric-driven LR schedulers are off "
+              "(use --validation_split or --test_as_validation)")
+    sys.stdout.flush()
+
+
+def train(config, trainer, comm):
+    """Evaluate and/or train as the flags say, then the final weights and the report; the exit status."""
+    from pydtnn.errors import OutputError
+    from pydtnn.trainer import Preempted
+    p, model, rank, test = config.p, trainer.model, comm.rank, trainer.dataset.test
     if p.evaluate_only:
         _print_eval(trainer, test, "evaluation", rank)
         return 0
     if p.evaluate_on_train:
         _print_eval(trainer, test, "test before training", rank)
-    from pydtnn.errors import OutputError
-    from pydtnn.trainer import Preempted
     try:
         if p.profile and rank == 0:
             import cProfile
@@ -509,20 +534,12 @@ def run(p, given=None):
     return 0
 
 
-def _trace_steps(p):
-    from pydtnn.profiling.timeline import parse_steps
-    try:
-        return parse_steps(p.trace_steps)
-    except ValueError as e:
-        raise ConfigError(f"--trace_steps: {e}") from None
-
-
-def _build_local(p, devices, P, rank):
+def _build_local(p, devices, P, rank, policy):
     """What each rank builds on its own, without communicating: its backend, the model, its copy of the
     dataset, the split of the global batch; and the checks that need them."""
     import types
 
-    from pydtnn import config_checks
+    from pydtnn import config as config_checks
     from pydtnn.backends import get_backend
     from pydtnn.datasets import KNOWN_SHAPES, load_dataset
     from pydtnn.model import Model
@@ -573,17 +590,13 @@ def _build_local(p, devices, P, rank):
         raise ConfigError(f"model {p.model_name} gives outputs of shape {tuple(model.output_shape)} but dataset "
                           f"{p.dataset_name} has {what}{hint}")
 
-    # the global batch and its split
-    if p.parallel == "data":
-        B = p.global_batch_size or p.batch_size * P
-        caps = balance.caps_for(p.max_local_batch, P)
-        speeds = p.replica_speeds if p.balance == "static" and p.replica_speeds else [1.0] * P
-    else:
-        B = p.global_batch_size or p.batch_size
-        caps = balance.caps_for(p.max_local_batch, 1)
-        speeds = [1.0]
+    # the global batch and its split (a policy: pydtnn.parallel.policies)
+    n = P if p.parallel == "data" else 1
+    B = p.global_batch_size or p.batch_size * n
+    caps = balance.caps_for(p.max_local_batch, n)
     config_checks.check_against_data(p, dataset, B)
-    sizes = balance.partition(B, speeds, caps)
+    sizes = balance.check_split(policy.initial_sizes(B, n, caps), B, n, caps, f"balance policy {policy.name}")
+    policy.sizes = list(sizes)
     _check_batch_fits(model, sizes, len(dataset.train), p)
     return types.SimpleNamespace(model=model, dataset=dataset, global_batch=B, sizes=sizes, caps=caps,
                                  options=options)
@@ -665,28 +678,6 @@ def _download_on_rank0(p, comm):
     raise_together(comm, lambda: load_dataset(p.dataset_name, train_path=p.dataset_train_path,
                                               test_path=p.dataset_test_path, download=True),
                    "the dataset download failed on rank 0", rank0_only=True)
-
-
-def _probe_sizes(trainer, B, P, caps=None):
-    """--balance static without --replica_speeds: time a few local steps and split B by measured speed."""
-    from pydtnn.model import as_targets
-    from pydtnn.parallel import balance
-    model = trainer.model
-    b = max(1, min(B // P, min(caps) if caps else B))
-    from pydtnn.parallel.comm import raise_together
-    idx = trainer.dataset.train.epoch_order(trainer.seed, 0)[:b]
-    x, labels = raise_together(trainer.comm, lambda: trainer.dataset.train.take(idx),
-                               "another rank could not read the speed probe's samples")
-    y = as_targets(labels, trainer.nclasses, model.dtype)
-    step = lambda: trainer._local_gradients(x, y, 1.0, overlap=False)
-    with trainer.side_passes():       # each rank times its own number of steps: no BatchNorm collectives
-        step()                                    # first call: allocations, compilation
-        t0 = time.perf_counter()
-        step()
-        once = max(time.perf_counter() - t0, 1e-6)
-        k = max(5, min(100, math.ceil(0.3 / once)))   # at least ~0.3 s of timed steps: short probes are noisy
-        speeds = balance.probe_speeds(step, trainer.comm, k=k, samples_per_call=len(idx))
-    return balance.partition(B, speeds.tolist(), caps)
 
 
 def _print_eval(trainer, split, what, rank):

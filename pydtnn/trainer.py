@@ -36,23 +36,23 @@ import numpy as np
 
 from pydtnn.callbacks import call
 from pydtnn.checkpoint import load_checkpoint, save_checkpoint
-from pydtnn.clipping import check_max_norm, clip_by_global_norm
 from pydtnn.errors import CheckpointError, ConfigError, NumericalError, OutputError, PyDTNNError
-from pydtnn.layers.batchnorm import BatchNormalization
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
 from pydtnn.model import as_targets
 from pydtnn.outputs import atomic_write
 from pydtnn.parallel import balance
-from pydtnn.parallel.comm import BucketedReducer, SerialComm, agree_on_error, raise_together
+from pydtnn.parallel.comm import SerialComm, agree_on_error, raise_together
+from pydtnn.parallel.data_parallel import DataParallel
 from pydtnn.parallel.emulation import SpeedEmulator
-from pydtnn.parallel.sync_batchnorm import BatchNormSync
+from pydtnn.parallel.policies import make_policy
 from pydtnn.prefetch import BatchPrefetcher
 from pydtnn.profiling.layer_profile import LayerProfile
 from pydtnn.profiling.layer_timer import LayerTimer
 from pydtnn.profiling.timeline import PREFETCH
 from pydtnn.progress import progress
 from pydtnn.trace import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
+from pydtnn.trainer_options import grouped
 
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -69,36 +69,50 @@ class Preempted(Exception):
 
 class Trainer:
     def __init__(self, model, dataset, optimizer, *, loss="categorical_cross_entropy",
-                 metrics=("categorical_accuracy",), comm=None, global_batch=64, sizes=None,
-                 gradient_weighting="proportional", balance_mode="none", rebalance_interval=20,
-                 emulate_speed=1.0, emulate_spin=False, emulate_reference=(), non_blocking=False, steps_per_epoch=0, seed=0, schedulers=(),
-                 history_file=None, progress=True, eval_batch_size=None, tracer_output=None, log=None,
-                 flags=None, checkpoint_dir="checkpoints", save_steps=0, save_minutes=0.0, handle_signals=False,
-                 clip_grad_norm=0.0, sync_batchnorm=False, max_local_batch=None, clock=time.monotonic,
-                 trace_steps=None, profile_layers=False, callbacks=()):
+                 metrics=("categorical_accuracy",), parallel=None, loop=None, checkpointing=None, outputs=None,
+                 emulation=None, **options):
+        """`parallel`, `loop`, `checkpointing`, `outputs`, `emulation`: the option groups of
+        `pydtnn.trainer_options`; each of their fields may be given as a keyword of its own too."""
+        groups = grouped(dict(parallel=parallel, loop=loop, checkpointing=checkpointing, outputs=outputs,
+                              emulation=emulation), options)
+        par, run, ckpt, out, emu = (groups[k] for k in ("parallel", "loop", "checkpointing", "outputs", "emulation"))
+        comm, global_batch, sizes, policy = par.comm, par.global_batch, par.sizes, par.policy
+        gradient_weighting, balance_mode, rebalance_interval = par.gradient_weighting, par.balance_mode, par.rebalance_interval
+        non_blocking, sync_batchnorm, max_local_batch, clip_grad_norm = (par.non_blocking, par.sync_batchnorm,
+                                                                         par.max_local_batch, par.clip_grad_norm)
+        steps_per_epoch, seed, schedulers, callbacks, eval_batch_size = (run.steps_per_epoch, run.seed, run.schedulers,
+                                                                        run.callbacks, run.eval_batch_size)
+        checkpoint_dir, save_steps, save_minutes, handle_signals, clock = (
+            ckpt.checkpoint_dir, ckpt.save_steps, ckpt.save_minutes, ckpt.handle_signals, ckpt.clock)
+        history_file, progress, tracer_output, log, flags = (out.history_file, out.progress, out.tracer_output,
+                                                             out.log, out.flags)
+        trace_steps, profile_layers = out.trace_steps, out.profile_layers
+        emulate_speed, emulate_spin, emulate_reference = emu.emulate_speed, emu.emulate_spin, emu.emulate_reference
         self.model, self.dataset, self.optimizer = model, dataset, optimizer
         self.callbacks = list(callbacks)   # a user's (pydtnn.callbacks); the schedulers are callbacks too
-        self.clip_grad_norm = check_max_norm(clip_grad_norm)
-        self.clipped_steps = 0         # steps whose reduced gradient was clipped (same count on every rank)
         self.loss = get_loss(loss)
         self.metric_names = list(metrics)
         self.metric_fns = [get_metric(m) for m in self.metric_names]
         self.comm = comm or SerialComm()
         self.rank, self.nreplicas = self.comm.rank, self.comm.size
         self.global_batch = int(global_batch)
-        self.caps = balance.caps_for(max_local_batch, self.nreplicas)     # memory caps b_i <= cap_i
-        self.sizes = (list(sizes) if sizes is not None else
-                      balance.partition(self.global_batch, [1] * self.nreplicas, self.caps))
-        if self.caps and any(b > c for b, c in zip(self.sizes, self.caps)):
-            raise ConfigError(f"local batch sizes {self.sizes} exceed the caps {self.caps} (--max_local_batch)")
-        if gradient_weighting not in balance.WEIGHTING_MODES:
-            raise ConfigError(f"--gradient_weighting must be one of {', '.join(balance.WEIGHTING_MODES)}, "
-                              f"got {gradient_weighting!r}")
         self.gradient_weighting = gradient_weighting
-        self.balancer = None
-        if balance_mode == "dynamic":
-            self.balancer = balance.DynamicBalancer(self.global_batch, self.nreplicas, interval=rebalance_interval,
-                                                    initial_sizes=self.sizes, caps=self.caps)
+        self.stats = ReplicaStats()
+        self.timeline = Timeline(self.rank, enabled=bool(tracer_output), steps=trace_steps)
+        self.tracer_output = tracer_output
+        self.timer = StepTimer(self.stats, self.timeline if tracer_output else None)
+        # the step's engine: split (a BalancePolicy; `balance_mode` names a built-in one), weighting,
+        # reduction, synchronized BatchNorm, clipping, update
+        self.dp = DataParallel(model, optimizer, global_batch=self.global_batch, comm=self.comm, sizes=sizes,
+                               policy=policy if policy is not None else
+                               make_policy(balance_mode, interval=rebalance_interval),
+                               weighting=gradient_weighting, loss=self.loss, caps=max_local_batch,
+                               non_blocking=non_blocking, sync_batchnorm=sync_batchnorm, clip_grad_norm=clip_grad_norm,
+                               timer=self.timer)
+        self.caps, self.policy, self.reducer = self.dp.caps, self.dp.policy, self.dp.reducer
+        if self.reducer is not None and tracer_output:
+            self.reducer.timeline = self.timeline
+        self.sync_batchnorm = self.dp.sync_batchnorm
         self.emulator = SpeedEmulator(emulate_speed, spin=emulate_spin)
         self.emulate_reference = list(emulate_reference)      # ranks at full speed: the emulation follows them
         self.steps_per_epoch_arg = int(steps_per_epoch)
@@ -133,14 +147,7 @@ class Trainer:
         self._partial = None           # that epoch's partial sums
         self.restored_split = False    # the split came from a checkpoint (no probe needed)
         self.finished = False
-        self.stats = ReplicaStats()
         self.prefetcher = BatchPrefetcher(self._take)
-        self.timeline = Timeline(self.rank, enabled=bool(tracer_output), steps=trace_steps)
-        self.tracer_output = tracer_output
-        self.timer = StepTimer(self.stats, self.timeline if tracer_output else None)
-        self.reducer = BucketedReducer(self.comm, model.grads) if non_blocking and self.nreplicas > 1 else None
-        if self.reducer is not None and tracer_output:
-            self.reducer.timeline = self.timeline
         # --tracing / --profile_layers: a timer around each layer, set on the model only in the steps it times
         self.layer_profile = LayerProfile() if profile_layers else None
         self._layer_timer = (LayerTimer(model.backend, self.timeline if tracer_output else None, self.layer_profile,
@@ -148,24 +155,15 @@ class Trainer:
                              if tracer_output or profile_layers else None)
         self.step_waits = np.zeros(self.nreplicas)
         self._steps_run = 0                   # steps run by this fit (the first is no layer profile's)
-        # --sync_batchnorm: BatchNorm layers use the global batch's statistics (one process: nothing to sync)
-        self.sync_batchnorm = bool(sync_batchnorm) and self.nreplicas > 1
-        self._bn_sync = BatchNormSync(self.comm, timer=self.timer) if self.sync_batchnorm else None
         self._side_depth = 0
-        self._set_batchnorm_sync(self._bn_sync)
-        # replicas start from the same weights (upstream trusted equal seeds)
-        self.comm.bcast_(model.params, root=0)
-        for arr in self._running_stats():
-            self.comm.bcast_(arr, root=0)
+
+    # the split in force and the clipping count live in the engine (self.dp)
+    sizes = property(lambda self: self.dp.sizes, lambda self, sizes: self.dp.adopt(sizes))
+    clipped_steps = property(lambda self: self.dp.clipped_steps)
 
     # --- one step ---------------------------------------------------------------------------------------
     def _running_stats(self):
-        return [a for layer in self.model.all_layers() for a in layer.state_arrays().values()]
-
-    def _set_batchnorm_sync(self, sync):
-        for layer in self.model.all_layers():
-            if isinstance(layer, BatchNormalization):
-                layer.sync = sync
+        return self.dp.running_stats()
 
     @contextlib.contextmanager
     def side_passes(self):
@@ -176,13 +174,13 @@ class Trainer:
         rng_state = rng.bit_generator.state if hasattr(rng, "bit_generator") else None
         grads = self.model.grads.copy()
         self._side_depth += 1                 # nested (a probe's first pass calibrates the emulation)
-        self._set_batchnorm_sync(None)
+        self.dp.sync_batchnorm_layers(False)
         try:
             yield
         finally:
             self._side_depth -= 1
             if not self._side_depth:
-                self._set_batchnorm_sync(self._bn_sync)
+                self.dp.sync_batchnorm_layers(True)
             for a, s in zip(self._running_stats(), saved):
                 a[...] = s
             if rng_state is not None:
@@ -203,13 +201,8 @@ class Trainer:
     def _local_gradients(self, x, y, weight, overlap=True):
         self._calibrate_emulation(x, y, weight)          # a speed probe's first pass
         start = self.emulator.clock()
-        hook = None
-        if self.reducer is not None and overlap:
-            self.reducer.start_step()
-            hook = self.reducer.ready
         waited = self.timer.step_wait_s
-        value, y_pred = self.model.compute_gradients(x, y, self.loss, loss_scale=weight, on_grads_ready=hook)
-        self.model.backend.synchronize()
+        value, y_pred = self.dp.local_gradients(x, y, weight, overlap)
         if self.emulator.active:        # the emulated compute excludes the waits in it (synchronized BatchNorm)
             with self._span("emulated slowdown", "backward"):
                 self.emulator.pad(start + (self.timer.step_wait_s - waited), len(x))
@@ -252,20 +245,15 @@ class Trainer:
             (x, y_host), data_error = self._batch(indices, epoch, next_indices)
         y = self.model.backend.asarray(y_host)          # one copy to the device
         step_total = sum(step_sizes)
-        weight = b_i / step_total if self.gradient_weighting == "proportional" else 1.0 / self.nreplicas
+        weight = self.dp.weight(step_sizes)
         self._calibrate_emulation(x, y, weight)          # before the timer: not this step's compute
         self.timer.start_step(b_i)
         with self.timer.compute(None):       # the layers' own events show it when tracing
             value, y_pred = self._local_gradients(x, y, weight)
         with self.timer.wait("allreduce", bytes=0 if self.nreplicas == 1 else int(self.model.grads.nbytes)):
-            if self.reducer is not None:
-                self.reducer.finish()
-            elif self.nreplicas > 1:
-                self.comm.allreduce_sum_(self.model.grads)
+            self.dp.reduce()
         with self.timer.phase("update", category="update"):
-            if self.clip_grad_norm:    # on the reduced gradient: every replica clips the same buffer alike
-                self.clipped_steps += clip_by_global_norm(self.model.grads, self.clip_grad_norm)[1]
-            self.optimizer.step(self.model.params, self.model.grads)
+            self.dp.update()
         # reported loss and metrics are weighted by b_i whatever the gradient weighting
         local = [value] + [f(y_pred, y) for f in self.metric_fns]
         P = self.nreplicas
@@ -303,6 +291,32 @@ class Trainer:
             out[f"rank{r}_compute_s"] = float(times[r] * b)
             out[f"rank{r}_wait_s"] = float(self.step_waits[r])
         return out
+
+    def probe_split(self):
+        """A policy that asks for it (probe: --balance static without --replica_speeds) gets every replica's
+        speed, timed on a few local steps, and splits by it; nothing when the split came from a checkpoint."""
+        if not self.policy.wants_probe or self.restored_split:
+            return
+        new = self.policy.probed(self.global_batch, self._probe_speeds(), self.caps)
+        if new is not None:
+            self.dp.adopt(self.dp.checked(new))
+
+    def _probe_speeds(self):
+        """Samples/s of every replica (the same list on every rank), from local steps that leave no trace."""
+        B, P, caps = self.global_batch, self.nreplicas, self.caps
+        b = max(1, min(B // P, min(caps) if caps else B))
+        idx = self.dataset.train.epoch_order(self.seed, 0)[:b]
+        x, labels = raise_together(self.comm, lambda: self.dataset.train.take(idx),
+                                   "another rank could not read the speed probe's samples")
+        y = as_targets(labels, self.nclasses, self.model.dtype)
+        step = lambda: self._local_gradients(x, y, 1.0, overlap=False)      # noqa: E731
+        with self.side_passes():       # each rank times its own number of steps: no BatchNorm collectives
+            step()                                    # first call: allocations, compilation
+            t0 = time.perf_counter()
+            step()
+            once = max(time.perf_counter() - t0, 1e-6)
+            k = max(5, min(100, math.ceil(0.3 / once)))   # at least ~0.3 s of timed steps: short probes are noisy
+            return balance.probe_speeds(step, self.comm, k=k, samples_per_call=len(idx)).tolist()
 
     def _checkpoint_due_by_time(self):
         return self.save_minutes > 0 and self.clock() - self._last_save_t >= 60.0 * self.save_minutes
@@ -440,10 +454,7 @@ class Trainer:
             call(callbacks, "on_batch_end", self, global_step,
                  {"loss": float(means[0]), **{m: float(v) for m, v in zip(self.metric_names, means[1:])},
                   "learning_rate": rate, "batch_size": step_total, **timing})
-            if self.balancer is not None and self.balancer.observe(times):
-                new = self.balancer.maybe_rebalance(global_step)
-                if new is not None:
-                    self.sizes = new
+            self.dp.after_step(global_step, times)
             last = step + 1 == self.steps_per_epoch
             if not last and (self.stop_requested or self.save_requested or self._cadence_due(epoch, step)):
                 if bar is not None and self.stop_requested:
@@ -563,8 +574,8 @@ class Trainer:
             meta = {"epoch": int(epoch), "step": int(step), "nreplicas": self.nreplicas,
                     "sizes": list(map(int, self.sizes)), "rng_states": rng_states, "seed": self.seed,
                     "history": self.history, "schedulers": [[s.name, s.state_dict()] for s in self.schedulers],
-                    "balancer": None if self.balancer is None else
-                    {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in self.balancer.state_dict().items()},
+                    "balancer": None, "balance_policy": self.policy.name,
+                    self.policy.checkpoint_key: self.policy.state_dict() or None,
                     "partial_epoch": partial, "flags": self.flags}
             folder = os.path.dirname(os.path.abspath(path))
             try:
@@ -613,18 +624,18 @@ class Trainer:
                     s.load_state_dict(saved[s.name])
                 except ConfigError as e:
                     raise CheckpointError(f"checkpoint {path}: metadata field 'schedulers': {e}") from None
-        if self.balancer is not None and meta["balancer"] is not None:
-            if same_layout and len(meta["balancer"]["ema"]) in (0, self.nreplicas):
+        key = self.policy.checkpoint_key
+        state = meta.get(key)
+        if state is not None and meta.get("balance_policy", self.policy.name) == self.policy.name:
+            if same_layout:
                 try:
-                    self.balancer.load_state_dict({k: np.asarray(v) if isinstance(v, list) else v
-                                                   for k, v in meta["balancer"].items()})
-                except (ConfigError, ValueError) as e:
-                    raise CheckpointError(f"checkpoint {path}: metadata field 'balancer': {e}") from None
-                self.sizes = self.balancer.sizes = self._within_caps(list(self.balancer.sizes))
-                self.restored_split = True
+                    self.policy.load_state_dict(state)
+                except (ConfigError, ValueError, KeyError, TypeError) as e:
+                    raise CheckpointError(f"checkpoint {path}: metadata field '{key}': {e}") from None
             else:
-                self.log(f"resume: the dynamic balancer's measurements of {meta['nreplicas']} replica(s) do not "
-                         f"apply to {self.nreplicas}; starting from {self.sizes} and re-measuring")
+                self.log(f"resume: the {self.policy.name} policy's measurements of {meta['nreplicas']} replica(s) "
+                         f"do not apply to {self.nreplicas}; starting from {self.sizes} and re-measuring")
+        self.dp.adopt(self.sizes)
         if learning_rate is not None:
             self.optimizer.learning_rate = float(learning_rate)
             for s in self.schedulers:

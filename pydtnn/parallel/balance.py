@@ -42,6 +42,7 @@ from pydtnn.errors import ConfigError
 __all__ = [
     "partition", "caps_for", "gradient_weights", "predicted_step_time", "steps_in_epoch", "step_span", "step_sizes",
     "shard", "epoch_permutation", "DynamicBalancer", "probe_speeds", "median_call_seconds", "WEIGHTING_MODES",
+    "BalancePolicy", "check_split",
 ]
 
 WEIGHTING_MODES = ("proportional", "uniform")
@@ -254,6 +255,74 @@ def epoch_permutation(n_samples: int, seed: int, epoch: int) -> np.ndarray:
     """The permutation of range(n_samples) that every rank uses in ``epoch`` (a pure function)."""
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch)])
     return rng.permutation(int(n_samples))
+
+
+# ------------------------------------------------------------------------------------ policies
+
+class BalancePolicy:
+    """How the global batch is split among the replicas: the plug-in interface (`--balance FILE.py:CLASS`).
+
+    The built-ins (`pydtnn.parallel.policies`: equal, static, probe, dynamic) are written on it. Every rank
+    owns one instance and calls it with the same arguments, so every rank takes the same decision; every
+    split it returns is checked (`check_split`: sum B, each >= 1, within the caps) before it is used.
+
+    - ``initial_sizes(global_batch, nreplicas, caps)``: the split to start with (caps: None or one int per
+      replica, from --max_local_batch);
+    - ``after_step(step, seconds_per_sample)``: after global step ``step`` (0-based, over epochs), every
+      replica's compute seconds per sample of that step (the same list on every rank); a new split, or
+      None to keep the current one;
+    - ``state_dict()`` / ``load_state_dict(state)``: plain JSON-able values saved in checkpoints.
+
+    ``self.sizes`` holds the split in force: the training loop sets it (at the start, after a resume, after
+    a re-split). A policy whose split is measured (``measured = True``) has its split restored on resume; one
+    fixed by flags (equal, static) is recomputed from them. A policy with ``wants_probe = True`` gets
+    ``probed(global_batch, speeds, caps)`` once before training, with every replica's speed (samples/s)
+    measured by a few timed local steps.
+    """
+
+    name = "custom"
+    measured = True
+    wants_probe = False
+    sizes: list | None = None
+    # where checkpoints keep the state (the dynamic policy keeps the key older checkpoints used)
+    checkpoint_key = "balance_policy_state"
+
+    def initial_sizes(self, global_batch, nreplicas, caps):
+        return partition(global_batch, [1.0] * int(nreplicas), caps)
+
+    def after_step(self, step, seconds_per_sample):
+        return None
+
+    def probed(self, global_batch, speeds, caps):
+        return None
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state) -> None:
+        pass
+
+
+def check_split(sizes, global_batch: int, nreplicas: int, caps=None, who: str = "balance policy") -> list[int]:
+    """A split a policy returned, or a one-line ConfigError naming the policy: P integers >= 1 summing to B,
+    each within its cap."""
+    try:
+        vals = [int(s) for s in sizes]
+        exact = all(int(s) == s and not isinstance(s, bool) for s in sizes)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{who} returned {sizes!r}, not a list of {nreplicas} integers") from None
+    why = None
+    if not exact or len(vals) != nreplicas:
+        why = f"not a list of {nreplicas} integers"
+    elif min(vals) < 1:
+        why = "every replica needs at least one sample"
+    elif sum(vals) != global_batch:
+        why = f"it sums to {sum(vals)}, not to the global batch {global_batch}"
+    elif caps and any(b > c for b, c in zip(vals, caps)):
+        why = f"it exceeds the local batch caps {list(caps)} (--max_local_batch)"
+    if why:
+        raise ConfigError(f"{who} returned the split {list(sizes)!r}: {why}")
+    return vals
 
 
 # ------------------------------------------------------------------------------------ dynamic balance

@@ -12,6 +12,7 @@ argv: weighting speeds B steps [key=value ...] with the options
                      vit: a tiny Vision Transformer (patch Conv2D, LayerNorm, attention, GELU MLP, residuals)
   sync=0|1           --sync_batchnorm
   devices=gpu,cpu    one backend per rank ("gpu" is the host stand-in under tests/gpu_standin)
+  policy=rotate      a BalancePolicy that re-splits after every step (the sizes rotated by one replica)
 """
 import json
 import sys
@@ -29,7 +30,7 @@ from pydtnn.parallel.comm import MPIComm, SerialComm
 from pydtnn.trainer import Trainer
 
 weighting, speeds, B, steps = sys.argv[1], [float(v) for v in sys.argv[2].split(",")], int(sys.argv[3]), int(sys.argv[4])
-opts = {"non_blocking": "0", "clip": "0", "model": "plain", "sync": "0", "devices": ""}
+opts = {"non_blocking": "0", "clip": "0", "model": "plain", "sync": "0", "devices": "", "policy": ""}
 for arg in sys.argv[5:]:
     key, _, value = arg.partition("=")
     if key not in opts:
@@ -76,13 +77,22 @@ def make_model(backend="cpu"):
     return m
 
 
+class Rotate(balance.BalancePolicy):
+    """After every step the split in force rotated by one replica: [10, 20, 30] -> [20, 30, 10] -> ..."""
+    def after_step(self, step, seconds_per_sample):
+        self.resplits = getattr(self, "resplits", 0) + 1
+        return self.sizes[1:] + self.sizes[:1]
+
+
 def train(comm, sizes, backend="cpu"):
     ds = load_dataset("synthetic", input_shape=(2, 10, 10), nclasses=3, synthetic_samples=B * steps, seed=5)
     model = make_model(backend)
     t = Trainer(model, ds, SGD(learning_rate=0.1, momentum=0.9), comm=comm, global_batch=B, sizes=sizes,
                 gradient_weighting=weighting, non_blocking=non_blocking, steps_per_epoch=steps, seed=11,
-                progress=False, log=lambda m: None, clip_grad_norm=clip, sync_batchnorm=sync)
+                progress=False, log=lambda m: None, clip_grad_norm=clip, sync_batchnorm=sync,
+                policy=Rotate() if opts["policy"] == "rotate" and comm.size > 1 else None)
     t.fit(2)
+    train.resplits = getattr(t.policy, "resplits", 0)
     return model, t.clipped_steps
 
 
@@ -104,12 +114,14 @@ if devices[comm.rank] == "gpu":
 else:
     backend = "cpu"
 parallel, clipped = train(comm, sizes, backend)
+resplits = train.resplits
 params = parallel.backend.to_numpy(parallel.params)
 stats = running_stats(parallel)
 if comm.rank == 0:
     serial, clipped_serial = train(SerialComm(), [B])
     print(json.dumps({"rel_diff": rel(params, serial.backend.to_numpy(serial.params)),
                       "stats_rel_diff": rel(stats, running_stats(serial)), "sizes": sizes, "clipped": clipped,
+                      "resplits": resplits,
                       "clipped_serial": clipped_serial}))
 # every rank clipped the same steps
 assert len(set(np.asarray(comm.allgather(float(clipped))).ravel().tolist())) == 1

@@ -1,0 +1,100 @@
+"""The launcher's composition root (pydtnn.cli.run) step by step, in this process and without MPI:
+parse -> configuration -> devices -> data and model (policy and split) -> trainer -> train."""
+import pytest
+
+from pydtnn import cli
+from pydtnn.config import RunConfig, configure
+from pydtnn.errors import ConfigError
+from pydtnn.parallel.comm import SerialComm
+from pydtnn.parallel.policies import DynamicPolicy, ProbePolicy, StaticPolicy
+
+FAST = ["--model", "simplemlp", "--synthetic_samples", "64", "--batch_size", "16", "--progress_bar", "false",
+        "--lr_schedulers", "", "--threads_per_replica", "1"]
+
+
+def test_configure_decides_once_from_the_flags():
+    c = configure(cli.parse_args(["--parallel", "data", "--balance", "static", "--replica_speeds", "1,2,3",
+                                  "--metrics", "categorical_accuracy,regression_mae"]), 3)
+    assert isinstance(c, RunConfig) and c.data_parallel and c.devices == ["cpu"] * 3
+    assert isinstance(c.policy, StaticPolicy) and c.policy.initial_sizes(60, 3, None) == [10, 20, 30]
+    assert c.learning_rate == pytest.approx(0.03) and "linear scaling" in c.learning_rate_why   # SGD x 3 replicas
+    assert c.global_batch == 64 * 3 and c.metrics == ["categorical_accuracy", "regression_mae"]
+    assert c.weighting([1, 3]) == [0.25, 0.75]
+    assert isinstance(configure(cli.parse_args(["--parallel", "data", "--balance", "static"]), 2).policy, ProbePolicy)
+    assert isinstance(configure(cli.parse_args(["--parallel", "data", "--balance", "dynamic"]), 2).policy,
+                      DynamicPolicy)
+
+
+@pytest.mark.parametrize("args, nreplicas, many, needle", [
+    (["--parallel", "data", "--balance", "static", "--replica_speeds", "1,2"], 3, False, "2 values for 3 replicas"),
+    (["--replica_speeds", "1,2"], 1, False, "--parallel data --balance static only"),
+    (["--parallel", "data", "--devices", "cpu,gpu"], 3, False, "one of cpu/gpu per replica (3)"),
+    (["--parallel", "data", "--emulate_speeds", "1,2"], 3, False, "2 values for 3 replicas"),
+    (["--enable_conv_winograd", "true", "--conv_algorithm", "direct"], 1, False, "contradicts"),
+    (["--enable_nccl", "true"], 1, False, "needs --parallel data"),
+    ([], 1, True, "--parallel sequential would train independent copies"),
+    (["--parallel", "data", "--balance", "fastest"], 2, False, "--balance must be one of"),
+    (["--gradient_weighting", "harmonic"], 1, False, "--gradient_weighting must be one of"),
+    (["--lr_schedulers", "cosine", "--cosine_min_lr", "1.0"], 1, False, "cosine: min_lr must be in [0, 0.01]"),
+])
+def test_every_cross_flag_check_is_in_configure(args, nreplicas, many, needle):
+    with pytest.raises(ConfigError) as e:
+        configure(cli.parse_args(args), nreplicas, many)
+    assert needle in str(e.value)
+
+
+def test_the_steps_run_in_this_process(capsys):
+    p = cli.parse_args(FAST + ["--num_epochs", "1"])
+    comm = cli.communicator(p)
+    assert isinstance(comm, SerialComm)
+    config = cli.configuration(p, None, comm)
+    devices = cli.set_up_devices(config, comm)
+    assert devices.threads_all == [devices.threads] and devices.emulate == 1.0
+    local = cli.build_data_and_model(config, comm)
+    assert local.global_batch == 16 and local.sizes == [16] and len(local.dataset.train) == 64
+    trainer = cli.make_trainer(config, devices, local, comm)
+    assert trainer.steps_per_epoch == 4 and trainer.policy is config.policy
+    assert cli.train(config, trainer, comm) == 0
+    assert len(trainer.history) == 1 and "training time" in capsys.readouterr().out
+
+
+def test_run_is_the_steps_in_order():
+    """cli.run reads as the sequence of named steps (each above is testable on its own)."""
+    import inspect
+    body = inspect.getsource(cli.run)
+    order = ["communicator(", "configuration(", "set_up_devices(", "build_data_and_model(", "make_trainer(",
+             "_print_banner(", "train("]
+    where = [body.index(step) for step in order]
+    assert where == sorted(where) and len(body.splitlines()) <= 25
+
+
+def test_trainer_options_in_groups_or_flat():
+    import numpy as np
+
+    from pydtnn import Model
+    from pydtnn.datasets import from_arrays
+    from pydtnn.layers import FC, Input
+    from pydtnn.optimizers import SGD
+    from pydtnn.trainer import Trainer
+    from pydtnn.trainer_options import Checkpointing, Loop, Outputs, Parallelism
+
+    def model():
+        m = Model(dtype="float64", seed=0)
+        m.add(Input(shape=(2,)))
+        m.add(FC(shape=(2,), activation="softmax"))
+        return m
+    rng = np.random.default_rng(0)
+    data = from_arrays(rng.standard_normal((12, 2)), np.eye(2)[rng.integers(0, 2, 12)])
+    quiet = Outputs(progress=False, log=lambda m: None)
+    a = Trainer(model(), data, SGD(), parallel=Parallelism(global_batch=4), loop=Loop(seed=3, steps_per_epoch=2),
+                checkpointing=Checkpointing(save_steps=5), outputs=quiet)
+    b = Trainer(model(), data, SGD(), global_batch=4, seed=3, steps_per_epoch=2, save_steps=5, progress=False,
+                log=lambda m: None)
+    c = Trainer(model(), data, SGD(), loop=Loop(seed=9), seed=3, global_batch=4, steps_per_epoch=2, outputs=quiet)
+    for t in (a, b, c):
+        assert (t.global_batch, t.seed, t.steps_per_epoch) == (4, 3, 2)
+    assert a.save_steps == b.save_steps == 5
+    a.fit(1), b.fit(1)
+    assert np.array_equal(a.model.params, b.model.params)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'globl_batch'"):
+        Trainer(model(), data, SGD(), globl_batch=4)
