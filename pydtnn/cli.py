@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import time
+import types
 
 from pydtnn.errors import ConfigError, PyDTNNError
 
@@ -99,11 +100,26 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The launcher's flags, one function per group, in --help's order."""
     p = OneLineParser(prog="pydtnn_benchmark", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                       description="Train or evaluate a PyDTNN model (upstream PyDTNN flags; booleans take "
                                   "true/false, 1/0, yes/no and refuse anything else).")
+    model = p.add_argument_group("model")
+    _model_and_training_flags(model)
+    _weights_and_resume_flags(model)
+    _dataset_flags(p.add_argument_group("dataset"))
+    _optimizer_flags(p.add_argument_group("optimizer"))
+    _scheduler_flags(p.add_argument_group("LR schedulers (nothing writes files unless model_checkpoint is named)"))
+    parallel = p.add_argument_group("parallelism and heterogeneity")
+    _data_parallel_flags(parallel)
+    _device_flags(parallel)
+    _tracing_and_output_flags(p.add_argument_group("tracing"))
+    return p
+
+
+def _model_and_training_flags(g):
+    """The model, the batch, the floating type, how long to train and whether to evaluate."""
     B = boolean
-    g = p.add_argument_group("model")
     g.add_argument("--model", dest="model_name", default="simplecnn",
                    help="registered model name (see README) or a path to a .py file defining create_model(model)")
     g.add_argument("--batch_size", type=positive_int, default=64,
@@ -120,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate on the test set before and after training (refused without a test split)")
     g.add_argument("--evaluate_only", type=B, default=False,
                    help="only evaluate on the test set (refused without a test split)")
+
+
+def _weights_and_resume_flags(g):
+    """Weights in and out, the history, upstream's accepted no-op flags, the seed, resuming."""
+    B = boolean
     g.add_argument("--weights_and_bias_filename", default=None, help="NPZ weights to load before training")
     g.add_argument("--save_weights_and_bias_filename", default=None,
                    help="write the final weights here as NPZ (stable keys layer/param, no pickle)")
@@ -142,7 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where model_checkpoint, step checkpoints and the SIGTERM/SIGUSR1 checkpoint write "
                         "(created by the first checkpoint)")
 
-    g = p.add_argument_group("dataset")
+
+def _dataset_flags(g):
+    """Which data, its targets, and the held-out and augmentation settings."""
+    B = boolean
     g.add_argument("--dataset", dest="dataset_name", default="synthetic", type=dataset_name,
                    help="synthetic (learnable, offline; upstream's default was mnist), mnist, cifar10, imagenet, "
                         "bytes (a text file, --dataset_train_path, default a shipped public-domain text, as "
@@ -167,7 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--crop_images_size", type=positive_int, default=16)
     g.add_argument("--crop_images_prob", type=finite_float, default=0.5)
 
-    g = p.add_argument_group("optimizer")
+
+def _optimizer_flags(g):
+    """The optimizer and its hyperparameters, the loss, clipping, the metrics."""
+    B = boolean
     g.add_argument("--optimizer", dest="optimizer_name", default="sgd", choices=["sgd", "rmsprop", "adam", "nadam", "adamw"])
     g.add_argument("--learning_rate", type=finite_float, default=0.01)
     g.add_argument("--learning_rate_scaling", type=B, default=True,
@@ -193,7 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scale the reduced gradient to this global L2 norm when it is larger (0 = off)")
     g.add_argument("--metrics", default="categorical_accuracy", help="comma list of metrics")
 
-    g = p.add_argument_group("LR schedulers (nothing writes files unless model_checkpoint is named)")
+
+def _scheduler_flags(g):
+    """The learning-rate schedulers and the checkpoints written by model_checkpoint."""
     g.add_argument("--lr_schedulers", dest="lr_schedulers_names", default="early_stopping,reduce_lr_on_plateau",
                    help="comma list of warm_up, cosine, early_stopping, reduce_lr_on_plateau, reduce_lr_every_nepochs, "
                         "stop_at_loss, model_checkpoint (upstream's default also wrote checkpoints into the CWD); "
@@ -225,7 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model_checkpoint_save_minutes", type=nonneg_float, default=0.0,
                    help="also write such a checkpoint every M minutes of training, by rank 0's clock (0 = off)")
 
-    g = p.add_argument_group("parallelism and heterogeneity")
+
+def _data_parallel_flags(g):
+    """Data parallelism: the split of the global batch, its weighting, sync-BN, speed emulation."""
+    B = boolean
     g.add_argument("--parallel", default="sequential", choices=["sequential", "data"])
     g.add_argument("--non_blocking_mpi", type=B, default=False,
                    help="reduce gradients in reverse-order buckets with Iallreduce, overlapped with backward")
@@ -247,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--emulate_speeds", type=float_list, default=None,
                    help="f1,f2,...: replica i behaves as a device f_i/max(f) as fast as the full-speed replicas (each step's "
                         "compute padded to b_i*t0/f_i, t0 their measured time per sample); for experiments on one machine")
+
+
+def _device_flags(g):
+    """Each replica's device, threads and convolution algorithms."""
+    B = boolean
     g.add_argument("--threads_per_replica", type=positive_int, default=None,
                    help="BLAS and kernel threads of each replica (default: OMP_NUM_THREADS if set, else the "
                         "node's cores divided by the ranks on the node)")
@@ -268,7 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--precision", default="fp32", choices=["fp32", "tf32"],
                    help="GPU float32 math: fp32 (strict, no tensor-core TF32) or tf32 (faster, ~1e-3 relative error)")
 
-    g = p.add_argument_group("tracing")
+
+def _tracing_and_output_flags(g):
+    """Traces, per-step scalars, plots, profiles and the progress bar."""
+    B = boolean
     g.add_argument("--tracing", type=B, default=False,
                    help="write a per-layer Chrome/Perfetto trace of every rank (--tracer_output, --trace_steps)")
     g.add_argument("--tracer_output", default="trace.json", help="Chrome-trace JSON file of the timeline (--tracing true)")
@@ -286,7 +326,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile", type=B, default=False, help="cProfile of rank 0's training, printed at the end")
     g.add_argument("--progress_bar", type=B, default=True,
                    help="progress on rank 0's stderr: a tqdm bar on a terminal, else a plain line every 10 s")
-    return p
 
 
 def parse_args(argv=None):
@@ -340,16 +379,17 @@ def run(p, given=None):
     own (its device, its copy of the dataset and the model, the weights or checkpoint it reads) runs in
     blocks that end in one collective (`raise_together`), so that a mistake only one rank sees stops every
     rank at once with one line."""
-    comm = communicator(p)                                 # serial, or MPI's world under mpiexec
-    config = configuration(p, given, comm)                 # resumed flags merged; every cross-flag check
-    devices = set_up_devices(config, comm)                 # threads per replica, speed emulation
-    local = build_data_and_model(config, comm)             # each rank's backend, data, model; the split
+    comm = communicator(p)                                        # serial, or MPI's world under mpiexec
+    config = configuration(p, given, comm)                        # resumed flags merged; every cross-flag check
+    devices = set_up_devices(config, comm)                        # threads per replica, speed emulation
+    local = build_data_and_model(config, comm)                    # each rank's backend, model and data
+    split = policy_and_split(config, local, comm)                 # the global batch and the policy's first split
     if p.enable_nccl and comm.size > 1:
         from pydtnn.parallel.comm import make_comm
         comm = make_comm("nccl")
-    trainer = make_trainer(config, devices, local, comm)   # optimizer, schedulers, restored state, probe
+    trainer = make_trainer(config, devices, local, split, comm)   # optimizer, schedulers, restored state, probe
     if comm.rank == 0:
-        _print_banner(config, devices, local, trainer)
+        _print_banner(config, devices, local, split, trainer)
     return train(config, trainer, comm)
 
 
@@ -363,8 +403,6 @@ def communicator(p):
 
 def configuration(p, given, comm):
     """The one validated configuration (`pydtnn.config.configure`), after --resume's flags are merged in."""
-    import types
-
     from pydtnn import config
     from pydtnn.parallel import launcher
     from pydtnn.parallel.comm import raise_together
@@ -385,8 +423,6 @@ def configuration(p, given, comm):
 
 def set_up_devices(config, comm):
     """Threads per replica (all ranks' for the banner) and --emulate_speeds' factor for this rank."""
-    import types
-
     import numpy as np
     from pydtnn.parallel.threads import apply_threads
     np.seterr(all="ignore")        # overflow on the way to a NaN loss is reported once, by the trainer
@@ -407,16 +443,120 @@ def set_up_devices(config, comm):
 
 
 def build_data_and_model(config, comm):
-    """Each rank's backend, dataset copy and model, and the policy's initial split (`_build_local`), in one
-    block that ends in a collective."""
+    """Each rank's backend, model and copy of the dataset (`rank_data_and_model`), in one block that ends in
+    a collective."""
     from pydtnn.parallel.comm import raise_together
     if config.p.download:
         _download_on_rank0(config.p, comm)
-    return raise_together(comm, lambda: _build_local(config.p, config.devices, comm.size, comm.rank, config.policy),
+    return raise_together(comm, lambda: rank_data_and_model(config.p, config.devices[comm.rank], comm.rank),
                           "another rank could not set up its device, model or data")
 
 
-def make_trainer(config, devices, local, comm):
+def rank_data_and_model(p, kind, rank):
+    """This rank's model on its backend and its copy of the dataset, without communicating. Data and model
+    are one step because their shapes flow either way: synthetic data is shaped like the model (a model
+    file's shape is known only once it is built), a real dataset gives the model its shape and classes."""
+    from pydtnn.datasets import load_dataset
+    from pydtnn.models import build_model
+    model, options = _new_model(p, kind, rank)
+    if (p.model_name.endswith(".py") or os.sep in p.model_name) and not os.path.isfile(p.model_name):
+        raise ConfigError(f"--model {p.model_name}: no such file")
+    if p.use_synthetic_data and p.dataset_name == "bytes":
+        raise ConfigError("--use_synthetic_data makes images; the bytes dataset is text (drop the flag)")
+    if p.dataset_name == "synthetic" or p.use_synthetic_data:
+        shape, ncls = _synthetic_model_shape(p)
+        build_model(p.model_name, model, nclasses=ncls, input_shape=shape)
+        dataset = _synthetic_data(p, model)
+    else:
+        dataset = load_dataset(p.dataset_name, train_path=p.dataset_train_path, test_path=p.dataset_test_path,
+                               seed=p.seed, targets=p.targets, sequence_length=p.sequence_length,
+                               **_augmentation(p))
+        build_model(p.model_name, model, nclasses=dataset.nclasses,
+                    input_shape=None if os.path.isfile(p.model_name) else dataset.input_shape)
+    _check_model_matches_data(p, model, dataset)
+    return types.SimpleNamespace(model=model, dataset=dataset, options=options)
+
+
+def _new_model(p, kind, rank):
+    """An empty Model on this rank's backend (``kind``: cpu or gpu), and the backend's options."""
+    from pydtnn.backends import get_backend
+    from pydtnn.model import Model
+    options = ({"precision": p.precision, "auto_conv_alg": p.enable_cudnn_auto_conv_alg} if kind == "gpu" else
+               {"conv_algorithm": "winograd" if p.enable_conv_winograd else p.conv_algorithm})
+    model = Model(backend=get_backend(kind, p.dtype, p.seed, **options), seed=p.seed)
+    model.backend.seed(p.seed * 1000003 + rank)          # dropout: an independent stream per replica
+    return model, options
+
+
+def _synthetic_model_shape(p):
+    """(input shape, classes) to build the model with on synthetic data: those of the dataset that
+    --use_synthetic_data imitates; else a registered model's default input; a model file's own (None)."""
+    from pydtnn.datasets import KNOWN_SHAPES
+    from pydtnn.models import default_input_shape
+    if p.dataset_name != "synthetic":
+        return KNOWN_SHAPES[p.dataset_name]
+    if os.path.isfile(p.model_name):
+        return None, None
+    return default_input_shape(p.model_name), None
+
+
+def _synthetic_data(p, model):
+    """Learnable synthetic data shaped like the built model, refused before allocating if it cannot fit."""
+    from pydtnn.datasets import load_dataset
+    if p.synthetic_samples:
+        from pydtnn.limits import check_fits, dataset_bytes
+        check_fits(dataset_bytes(p.synthetic_samples, model.input_shape),
+                   f"--synthetic_samples {p.synthetic_samples}", "lower --synthetic_samples")
+    return load_dataset("synthetic", input_shape=model.input_shape, nclasses=model.output_shape[0],
+                        synthetic_samples=p.synthetic_samples, seed=p.seed, targets=p.targets, **_augmentation(p))
+
+
+def _augmentation(p):
+    return dict(validation_split=p.validation_split, test_as_validation=p.test_as_validation,
+                normalize=p.normalize, flip_images=p.flip_images, flip_images_prob=p.flip_images_prob,
+                crop_images=p.crop_images, crop_images_size=p.crop_images_size, crop_images_prob=p.crop_images_prob)
+
+
+def _check_model_matches_data(p, model, dataset):
+    """The model takes the data's inputs and gives its targets' shape (one line naming both otherwise)."""
+    if tuple(model.input_shape) != tuple(dataset.input_shape):
+        raise ConfigError(f"model {p.model_name} takes inputs {model.input_shape} but dataset {p.dataset_name} "
+                          f"has {dataset.input_shape}")
+    if tuple(model.output_shape) != dataset.output_shape:
+        what = (f"{dataset.nclasses} classes" if dataset.target_shape is None else
+                f"targets of shape {dataset.output_shape}")
+        hint = "; an autoencoder needs --targets inputs" if dataset.target_shape is None and \
+            tuple(model.output_shape) == tuple(dataset.input_shape) else ""
+        raise ConfigError(f"model {p.model_name} gives outputs of shape {tuple(model.output_shape)} but dataset "
+                          f"{p.dataset_name} has {what}{hint}")
+
+
+def policy_and_split(config, local, comm):
+    """The global batch and the policy's initial split of it (`initial_split`), in a block that ends in a
+    collective. It follows data and model: B must suit the training samples, and each local batch's
+    activations must fit this rank's memory."""
+    from pydtnn.parallel.comm import raise_together
+    return raise_together(comm, lambda: initial_split(config.p, config.policy, local.model, local.dataset,
+                                                      comm.size),
+                          "another rank could not split the global batch")
+
+
+def initial_split(p, policy, model, dataset, nprocs):
+    """The global batch B, the memory caps and the policy's checked initial sizes (pydtnn.parallel.policies),
+    which the policy keeps; refused when B does not suit the data or a local batch does not fit memory."""
+    from pydtnn import config as config_checks
+    from pydtnn.parallel import balance
+    n = nprocs if p.parallel == "data" else 1
+    B = p.global_batch_size or p.batch_size * n
+    caps = balance.caps_for(p.max_local_batch, n)
+    config_checks.check_against_data(p, dataset, B)
+    sizes = balance.check_split(policy.initial_sizes(B, n, caps), B, n, caps, f"balance policy {policy.name}")
+    policy.sizes = list(sizes)
+    _check_batch_fits(model, sizes, len(dataset.train), p)
+    return types.SimpleNamespace(global_batch=B, sizes=sizes, caps=caps)
+
+
+def make_trainer(config, devices, local, split, comm):
     """The Trainer: optimizer, loss, schedulers and the rest from the flags; then the weights or checkpoint
     it restores and the speed probe of a policy that asks for one."""
     from pydtnn.losses import get_loss
@@ -439,9 +579,9 @@ def make_trainer(config, devices, local, comm):
     step_metrics = StepMetrics(comm.rank, p.tensorboard_dir, p.step_history_file, p.plots_dir)
     trainer = Trainer(
         model, dataset, optimizer, loss=get_loss(p.loss_func, label_smoothing=p.label_smoothing), metrics=config.metrics,
-        parallel=Parallelism(comm=comm, global_batch=local.global_batch, sizes=local.sizes, policy=config.policy,
+        parallel=Parallelism(comm=comm, global_batch=split.global_batch, sizes=split.sizes, policy=config.policy,
                              gradient_weighting=config.weighting, non_blocking=p.non_blocking_mpi,
-                             sync_batchnorm=p.sync_batchnorm and config.data_parallel, max_local_batch=local.caps,
+                             sync_batchnorm=p.sync_batchnorm and config.data_parallel, max_local_batch=split.caps,
                              clip_grad_norm=p.clip_grad_norm),
         loop=Loop(steps_per_epoch=p.steps_per_epoch, seed=p.seed, schedulers=schedulers, callbacks=[step_metrics]),
         checkpointing=Checkpointing(checkpoint_dir=p.checkpoint_dir, save_steps=p.model_checkpoint_save_steps,
@@ -466,7 +606,7 @@ def make_trainer(config, devices, local, comm):
     return trainer
 
 
-def _print_banner(config, devices, local, trainer):
+def _print_banner(config, devices, local, split, trainer):
     p, model = config.p, local.model
     _print_params(p, config.nreplicas)
     for line in config.resume.lines:
@@ -482,7 +622,7 @@ def _print_banner(config, devices, local, trainer):
         print(f"GPU float32 precision: {p.precision}" + (" (TF32 tensor cores)" if p.precision == "tf32"
                                                           else " (strict, no TF32)"))
     if config.data_parallel:
-        print(f"global batch {local.global_batch} split as {trainer.sizes} (balance {p.balance}, weighting "
+        print(f"global batch {split.global_batch} split as {trainer.sizes} (balance {p.balance}, weighting "
               f"{p.gradient_weighting})")
     if devices.kinds[0] == "cpu":
         print(f"CPU convolutions: {local.options['conv_algorithm']}")
@@ -532,74 +672,6 @@ def train(config, trainer, comm):
                                               title=f"layer profile of rank 0 (b_i = {trainer.sizes[0]})"))
     comm.barrier()
     return 0
-
-
-def _build_local(p, devices, P, rank, policy):
-    """What each rank builds on its own, without communicating: its backend, the model, its copy of the
-    dataset, the split of the global batch; and the checks that need them."""
-    import types
-
-    from pydtnn import config as config_checks
-    from pydtnn.backends import get_backend
-    from pydtnn.datasets import KNOWN_SHAPES, load_dataset
-    from pydtnn.model import Model
-    from pydtnn.models import build_model, default_input_shape
-    from pydtnn.parallel import balance
-    backend = devices[rank]
-    options = ({"precision": p.precision, "auto_conv_alg": p.enable_cudnn_auto_conv_alg} if backend == "gpu" else
-               {"conv_algorithm": "winograd" if p.enable_conv_winograd else p.conv_algorithm})
-    model = Model(backend=get_backend(backend, p.dtype, p.seed, **options), seed=p.seed)
-    model.backend.seed(p.seed * 1000003 + rank)          # dropout: an independent stream per replica
-
-    if (p.model_name.endswith(".py") or os.sep in p.model_name) and not os.path.isfile(p.model_name):
-        raise ConfigError(f"--model {p.model_name}: no such file")
-    augmentation = dict(validation_split=p.validation_split, test_as_validation=p.test_as_validation,
-                        normalize=p.normalize, flip_images=p.flip_images, flip_images_prob=p.flip_images_prob,
-                        crop_images=p.crop_images, crop_images_size=p.crop_images_size,
-                        crop_images_prob=p.crop_images_prob)
-    if p.use_synthetic_data and p.dataset_name == "bytes":
-        raise ConfigError("--use_synthetic_data makes images; the bytes dataset is text (drop the flag)")
-    if p.dataset_name == "synthetic" or p.use_synthetic_data:
-        if p.dataset_name != "synthetic":
-            shape, ncls = KNOWN_SHAPES[p.dataset_name]
-        elif os.path.isfile(p.model_name):
-            shape, ncls = None, None
-        else:
-            shape, ncls = default_input_shape(p.model_name), None
-        build_model(p.model_name, model, nclasses=ncls, input_shape=shape)
-        if p.synthetic_samples:
-            from pydtnn.limits import check_fits, dataset_bytes
-            check_fits(dataset_bytes(p.synthetic_samples, model.input_shape),
-                       f"--synthetic_samples {p.synthetic_samples}", "lower --synthetic_samples")
-        dataset = load_dataset("synthetic", input_shape=model.input_shape, nclasses=model.output_shape[0],
-                               synthetic_samples=p.synthetic_samples, seed=p.seed, targets=p.targets,
-                               **augmentation)
-    else:
-        dataset = load_dataset(p.dataset_name, train_path=p.dataset_train_path, test_path=p.dataset_test_path,
-                               seed=p.seed, targets=p.targets, sequence_length=p.sequence_length, **augmentation)
-        build_model(p.model_name, model, nclasses=dataset.nclasses,
-                    input_shape=None if os.path.isfile(p.model_name) else dataset.input_shape)
-    if tuple(model.input_shape) != tuple(dataset.input_shape):
-        raise ConfigError(f"model {p.model_name} takes inputs {model.input_shape} but dataset {p.dataset_name} "
-                          f"has {dataset.input_shape}")
-    if tuple(model.output_shape) != dataset.output_shape:
-        what = (f"{dataset.nclasses} classes" if dataset.target_shape is None else
-                f"targets of shape {dataset.output_shape}")
-        hint = "; an autoencoder needs --targets inputs" if dataset.target_shape is None and \
-            tuple(model.output_shape) == tuple(dataset.input_shape) else ""
-        raise ConfigError(f"model {p.model_name} gives outputs of shape {tuple(model.output_shape)} but dataset "
-                          f"{p.dataset_name} has {what}{hint}")
-
-    # the global batch and its split (a policy: pydtnn.parallel.policies)
-    n = P if p.parallel == "data" else 1
-    B = p.global_batch_size or p.batch_size * n
-    caps = balance.caps_for(p.max_local_batch, n)
-    config_checks.check_against_data(p, dataset, B)
-    sizes = balance.check_split(policy.initial_sizes(B, n, caps), B, n, caps, f"balance policy {policy.name}")
-    policy.sizes = list(sizes)
-    _check_batch_fits(model, sizes, len(dataset.train), p)
-    return types.SimpleNamespace(model=model, dataset=dataset, global_batch=B, sizes=sizes, caps=caps,
-                                 options=options)
 
 
 def _check_outputs(p, comm):
