@@ -95,14 +95,20 @@ def measure_network(nprocs=2, seconds=20.0, timeout=120.0) -> dict:
     probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "network_probe.py")
     cmd = mpirun.mpi_command(nprocs, probe, [str(seconds)])
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    out = _run(cmd, timeout, env, f"the network probe ({nprocs} processes)")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _run(cmd, timeout, env, what):
+    """Run a measuring job; a time-out or a failure is one line naming `what`."""
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"the network probe ({nprocs} processes) did not finish in {timeout:.0f} s") from None
+        raise ConfigError(f"{what} did not finish in {timeout:.0f} s") from None
     if out.returncode != 0:
         tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise ConfigError(f"the network probe failed (exit {out.returncode}): {tail[0]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        raise ConfigError(f"{what} failed (exit {out.returncode}): {tail[0]}")
+    return out
 
 
 def measure_step_overhead(model_name, batches=(8, 64), steps=20, dataset=None, timeout=300.0):
@@ -128,13 +134,7 @@ def measure_step_overhead(model_name, batches=(8, 64), steps=20, dataset=None, t
                     "--num_epochs", "1", "--threads_per_replica", "1", "--lr_schedulers", "", "--progress_bar",
                     "false", "--tracing", "true", "--tracer_output", trace, "--trace_steps", f"1:{steps}",
                     "--seed", "0"]
-            try:
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-            except subprocess.TimeoutExpired:
-                raise ConfigError(f"the launcher run of the overhead probe took over {timeout:.0f} s") from None
-            if out.returncode != 0:
-                tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
-                raise ConfigError(f"the launcher run of the overhead probe failed: {tail[0]}")
+            _run(cmd, timeout, env, "the launcher run of the overhead probe")
             with open(trace) as f:
                 events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
             starts, durs = (np.array(v) for v in zip(*step_computes(events)))
