@@ -240,6 +240,22 @@ class Breakdown:
         setattr(layer, method, timed)
 
 
+def torch_step(net, x, labels):
+    """PyTorch's own training step on the mirrored network (SGD lr 0.01, momentum 0.9, as ours); returns the loss."""
+    import torch
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    tx, ty = torch.from_numpy(x), torch.from_numpy(labels)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        value = loss_fn(net(tx), ty)
+        value.backward()
+        optimizer.step()
+        return value.item()
+    return step
+
+
 def bench_row(name, batch, threads, rounds, steps, breakdown=False, conv_algorithm="auto"):
     import torch
     from threadpoolctl import threadpool_limits
@@ -252,27 +268,18 @@ def bench_row(name, batch, threads, rounds, steps, breakdown=False, conv_algorit
     net.train()
     y = one_hot(labels, model.output_shape[0], np.float32)
     opt = SGD(learning_rate=0.01, momentum=0.9)
-    topt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    tx, ty = torch.from_numpy(x), torch.from_numpy(labels)
-    lossf = torch.nn.CrossEntropyLoss()
+    theirs = torch_step(net, x, labels)
 
     def ours():
         value, _ = model.compute_gradients(x, y, "categorical_cross_entropy")
         opt.step(model.params, model.grads)
         return value
 
-    def theirs():
-        topt.zero_grad(set_to_none=True)
-        loss = lossf(net(tx), ty)
-        loss.backward()
-        topt.step()
-        return loss.item()
-
     with threadpool_limits(threads):
         # the mirror computes the same function: compare inference outputs (no dropout) before training
         net.eval()
         with torch.no_grad():
-            p_theirs = torch.softmax(net(tx), dim=1).numpy()
+            p_theirs = torch.softmax(net(torch.from_numpy(x)), dim=1).numpy()
         net.train()
         p_ours = model.forward(x, training=False)
         same = bool(np.allclose(p_ours, p_theirs, atol=1e-4))
@@ -319,9 +326,7 @@ def user_loop_row(name, batch, threads, rounds, steps):
     net = mirror(model)
     net.train()
     loss, opt = CategoricalCrossEntropy(), SGD(learning_rate=0.01, momentum=0.9)
-    topt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    tx, ty = torch.from_numpy(x), torch.from_numpy(labels)
-    lossf = torch.nn.CrossEntropyLoss()
+    theirs = torch_step(net, x, labels)
 
     def ours():
         out = model.forward(x, training=True)
@@ -329,13 +334,6 @@ def user_loop_row(name, batch, threads, rounds, steps):
         model.backward(dy)
         opt.step(model.params, model.grads)
         return value
-
-    def theirs():
-        topt.zero_grad(set_to_none=True)
-        value = lossf(net(tx), ty)
-        value.backward()
-        topt.step()
-        return value.item()
 
     with threadpool_limits(threads):
         torch.set_num_threads(threads)
