@@ -15,7 +15,6 @@ import argparse
 import math
 import os
 import sys
-import time
 import types
 
 from pydtnn.errors import ConfigError, PyDTNNError

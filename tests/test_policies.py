@@ -10,7 +10,7 @@ from pydtnn import Model
 from pydtnn.errors import CheckpointError, ConfigError
 from pydtnn.layers import FC, Input
 from pydtnn.optimizers import SGD
-from pydtnn.parallel.balance import BalancePolicy, check_split, partition
+from pydtnn.parallel.balance import check_split, partition
 from pydtnn.parallel.policies import DynamicPolicy, EqualPolicy, ProbePolicy, StaticPolicy, make_policy
 from pydtnn.parallel.weighting import make_weighting
 from pydtnn.trainer import Trainer

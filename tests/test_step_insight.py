@@ -23,7 +23,7 @@ from mpi_helpers import describe, run_mpi  # noqa: E402
 from test_data_parallel import BN_MODEL  # noqa: E402  (its nested block's BatchNorm syncs inside the block's event)
 
 from pydtnn import trace  # noqa: E402
-from pydtnn.profiling.layer_profile import LayerProfile, layer_flops  # noqa: E402
+from pydtnn.profiling.layer_profile import layer_flops  # noqa: E402
 from pydtnn.profiling.timeline import CATEGORIES  # noqa: E402
 
 COST = 1e-3
