@@ -159,3 +159,62 @@ def test_pointwise_convolution_on_small_images(hw):
     np.testing.assert_allclose(db, dy.sum((0, 1, 2)), rtol=1e-12, atol=1e-12)
     errors = check_gradients(Conv2D(k, 1), (c,) + hw, backend=be, batch_size=3)
     assert errors and max(errors.values()) <= 1e-6
+
+
+# --- float32 GELU without libm (`_cpu_special.ndtr_exp32`): vectorizable, error bound from its fit ------
+
+def _float32_sample():
+    """Every 4099th float32 bit pattern of the finite range up to |x| = 16 (both signs: tails, the
+    subnormal Phi near x = -14, x = +-0), plus the ends of the fit (|x| = 15)."""
+    bits = np.arange(0, 0x41800000, 4099, dtype=np.uint32)               # 0 .. 16.0
+    pos = bits.view(np.float32)
+    return np.concatenate([pos, -pos, np.float32([15, -15, 14.9, -14.9])])
+
+
+def test_gelu_float32_kernel_within_one_ulp_of_libm():
+    """The fit's relative error (8.4e-10) and exp's (~1e-15) stay far below half an ulp (6e-8) before the
+    one rounding to float32, so Phi is within 1 ulp (|err| <= 2^-23 |Phi|, or half the smallest subnormal),
+    y = x Phi within 2 (Phi's, then the product's rounding), and the backward factor Phi + x phi, which
+    uses the stored float32 Phi, within 2 eps32 * (Phi + |x phi|) (its terms cancel near x = -0.75)."""
+    import math
+    x = _float32_sample()
+    be = _backend("float32", 3)
+    y, (x_kept, cdf) = be.gelu_forward(x.reshape(1, -1))
+    xd = x.astype(np.float64)
+    phi_ref = np.array([0.5 * math.erfc(-v / math.sqrt(2)) for v in xd])
+    tiny = 2.0 ** -149
+    eps = 2.0 ** -23
+    assert np.all(np.abs(cdf[0] - phi_ref) <= eps * phi_ref + tiny / 2)
+    assert np.all(np.abs(y[0] - xd * phi_ref) <= 2 * eps * np.abs(xd * phi_ref) + 16 * tiny)
+    dy = np.ones_like(y)
+    dx = be.gelu_backward(dy, (x_kept, cdf))
+    pdf = np.exp(-0.5 * xd * xd) / math.sqrt(2 * math.pi)
+    assert np.all(np.abs(dx[0] - (phi_ref + xd * pdf)) <= 2 * eps * (phi_ref + np.abs(xd * pdf)) + tiny)
+
+
+def test_gelu_float32_kernel_special_values():
+    """NaN propagates forward and backward; +inf passes; -inf gives -inf * 0 = NaN, as NumPy's formula."""
+    be = _backend("float32", 1)
+    x = np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0, 30.0, -30.0]).reshape(1, -1)
+    y, ctx = be.gelu_forward(x)
+    assert np.isnan(y[0, 0]) and y[0, 1] == np.inf and np.isnan(y[0, 2])
+    np.testing.assert_array_equal(y[0, 3:], [0.0, 0.0, 30.0, 0.0])
+    np.testing.assert_array_equal(ctx[1][0, 3:], [0.5, 0.5, 1.0, 0.0])
+    dx = be.gelu_backward(np.ones_like(x), ctx)
+    assert np.isnan(dx[0, 0])
+    np.testing.assert_array_equal(dx[0, 3:], [0.5, 0.5, 1.0, 0.0])
+
+
+# --- glibc's heap kept for reuse (`_cpu_heap`) ---------------------------------------------------------
+
+def test_keep_heap_raises_glibc_thresholds_and_can_be_turned_off():
+    import platform
+    import subprocess
+    import sys
+    from pydtnn.backends import _cpu_heap
+    get_backend("cpu", "float32")                 # a CPU backend applies it
+    assert _cpu_heap._applied == [platform.libc_ver()[0] == "glibc"]
+    code = "from pydtnn.backends import _cpu_heap; print(_cpu_heap.keep_heap())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYDTNN_CPU_KEEP_HEAP": "0"})
+    assert out.stdout.strip() == "False", out.stderr

@@ -12,6 +12,7 @@ import math
 from numba import njit, uint64
 
 from pydtnn.backends._cpu_kernels import _part
+from pydtnn.backends._cpu_special import _NJ_EXACT, _U_MAX, exp_neg, ndtr32
 
 # fast math that keeps NaN and inf (a diverged run must show in its loss); reassociation lets the row sums
 # vectorize (without it they ran scalar, slower than NumPy's passes)
@@ -38,6 +39,27 @@ def gelu_bwd(t, nt, dy, x, cdf, dx, n):
     for i in range(uint64(i0), uint64(i1)):
         v = x[i]
         dx[i] = dy[i] * (cdf[i] + v * _RSQRT2PI * math.exp(-0.5 * v * v))
+
+
+@njit(**_NJ_EXACT)
+def gelu32_fwd(t, nt, x, y, cdf, n):
+    """float32: as `gelu_fwd`, Phi from `ndtr32` (no libm call: the loop vectorizes)."""
+    i0, i1 = _part(t, nt, n)
+    for i in range(uint64(i0), uint64(i1)):
+        c = x.dtype.type(ndtr32(x[i]))
+        cdf[i] = c
+        y[i] = x[i] * c
+
+
+@njit(**_NJ_EXACT)
+def gelu32_bwd(t, nt, dy, x, cdf, dx, n):
+    """float32: as `gelu_bwd`, phi from `exp_neg` (float64 inside, rounded once)."""
+    i0, i1 = _part(t, nt, n)
+    for i in range(uint64(i0), uint64(i1)):
+        v = float(x[i])
+        u = 0.5 * v * v
+        g = exp_neg(u) if u <= _U_MAX else 0.0      # phi(15) ~ 6e-50: 0 in float32 beyond
+        dx[i] = dy[i] * x.dtype.type(cdf[i] + v * _RSQRT2PI * g)
 
 
 @njit(**_NJ)

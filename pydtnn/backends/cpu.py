@@ -25,6 +25,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from pydtnn.backends import Backend, ConvSpec, PoolSpec, parse_dtype
 from pydtnn.backends import _cpu_blas as blas
 from pydtnn.backends import _cpu_conv as kc
+from pydtnn.backends import _cpu_heap
 from pydtnn.backends import _cpu_kernels as kp
 from pydtnn.backends import _cpu_matmul as kmm
 from pydtnn.backends import _cpu_rows as krows
@@ -97,6 +98,7 @@ class CPUBackend(Backend):
         self._force_fold = False                 # tests/benchmarks: always use the im2col packing
         self._parallel_min = _PARALLEL_MIN       # tests: 0 runs even tiny kernels on several threads
         self._buffers: dict = {}                 # `_scratch`
+        _cpu_heap.keep_heap()                    # freed arrays serve the next step's (no page faults)
 
     # --- arrays -------------------------------------------------------------------------------------
     def asarray(self, a):
@@ -435,7 +437,8 @@ class CPUBackend(Backend):
             return super().gelu_forward(x)
         x = self._c(x)
         y, cdf = np.empty_like(x), np.empty_like(x)
-        POOL.run(krows.gelu_fwd, self._nt(x.size), x.reshape(-1), y.reshape(-1), cdf.reshape(-1), x.size)
+        kernel = krows.gelu32_fwd if x.dtype == np.float32 else krows.gelu_fwd      # float64: libm's erfc
+        POOL.run(kernel, self._nt(x.size), x.reshape(-1), y.reshape(-1), cdf.reshape(-1), x.size)
         return y, (x, cdf)
 
     def gelu_backward(self, dy, ctx):
@@ -444,7 +447,8 @@ class CPUBackend(Backend):
             return super().gelu_backward(dy, ctx)
         dy = self._c(dy)
         dx = np.empty_like(dy)
-        POOL.run(krows.gelu_bwd, self._nt(dy.size), dy.reshape(-1), x.reshape(-1), cdf.reshape(-1),
+        kernel = krows.gelu32_bwd if dy.dtype == np.float32 else krows.gelu_bwd
+        POOL.run(kernel, self._nt(dy.size), dy.reshape(-1), x.reshape(-1), cdf.reshape(-1),
                  dx.reshape(-1), dy.size)
         return dx
 

@@ -1,0 +1,67 @@
+"""The float32 GELU kernels' error over EVERY float32 input (the bound quoted in `_cpu_special`).
+
+    python scripts/gelu_error_bound.py            # about a minute a core; --stride 97 for a quick sample
+
+For each finite float32 x, against float64 references through libm's erfc and exp: Phi(x) (the forward's
+cdf) and y = x Phi(x), in units of the float32 ulp of the float64 reference (0.5 = correctly rounded), and
+the backward's factor Phi(x) + x phi(x) in units of eps32 * (Phi(x) + |x phi(x)|) (its terms cancel near
+x = -0.75, so a relative measure would say nothing about the kernel). NaN must give NaN, +-inf the limits.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+from numba import njit
+
+from pydtnn.backends import _cpu_rows as krows
+
+_EPS32 = 2.0 ** -23
+
+
+@njit(cache=True)
+def _ulp32(r):
+    m, e = math.frexp(abs(r))
+    return max(2.0 ** (e - 24), 2.0 ** -149)
+
+
+@njit(cache=True)
+def _worst(x, cdf, y, dx, worst, where):
+    """worst[0..2] = max error of cdf, y (ulps) and dx (eps32 * terms); where[...] their x."""
+    for i in range(x.size):
+        v = float(x[i])
+        if not math.isfinite(v):
+            continue
+        phi_ref = 0.5 * math.erfc(-v / math.sqrt(2.0))
+        pdf = math.exp(-0.5 * v * v) / math.sqrt(2.0 * math.pi)
+        errs = (abs(cdf[i] - phi_ref) / _ulp32(phi_ref),
+                abs(y[i] - v * phi_ref) / _ulp32(v * phi_ref),
+                abs(dx[i] - (phi_ref + v * pdf)) / (_EPS32 * (phi_ref + abs(v * pdf)) + 2.0 ** -149))
+        for j in range(3):
+            if errs[j] > worst[j]:
+                worst[j], where[j] = errs[j], v
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stride", type=int, default=1, help="check every stride-th float32 bit pattern")
+    args = ap.parse_args()
+    worst, where = np.zeros(3), np.zeros(3)
+    chunk = 1 << 24
+    for start in range(0, 1 << 32, chunk):
+        x = np.arange(start, start + chunk, args.stride, dtype=np.uint64).astype(np.uint32).view(np.float32)
+        cdf, y, dx = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+        krows.gelu32_fwd(0, 1, x, y, cdf, x.size)
+        krows.gelu32_bwd(0, 1, np.ones_like(x), x, cdf, dx, x.size)
+        _worst(x, cdf, y, dx, worst, where)
+    for name, w, v in zip(("Phi(x) [ulp]", "x Phi(x) [ulp]", "Phi + x phi [eps32 * terms]"), worst, where):
+        print(f"{name:28s} max error {w:.3f} at x = {v!r}")
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32)
+    cdf, y = np.empty_like(special), np.empty_like(special)
+    krows.gelu32_fwd(0, 1, special, y, cdf, special.size)
+    print("x:", special, "-> Phi:", cdf, "y:", y)
+
+
+if __name__ == "__main__":
+    main()
