@@ -161,7 +161,7 @@ def test_pointwise_convolution_on_small_images(hw):
     assert errors and max(errors.values()) <= 1e-6
 
 
-# --- float32 GELU without libm (`_cpu_special.ndtr_exp32`): vectorizable, error bound from its fit ------
+# --- float32 GELU without libm (`_cpu_special.ndtr32`): vectorizable, error bound from its fit ------
 
 def _float32_sample():
     """Every 4099th float32 bit pattern of the finite range up to |x| = 16 (both signs: tails, the

@@ -55,8 +55,15 @@ def _use_fold(ho, wo, k) -> bool:
     return (ho * wo <= 64 and k >= 128) or (ho * wo <= 16 and k >= 32)
 
 
-# Below this many elements a kernel runs on the calling thread only (a hand-off to a worker costs ~15 us).
+# Below this many elements a kernel runs on the calling thread only. A hand-off to a worker costs ~15 us
+# alone, and 30-60 us inside a step (the worker's Python side, the kernel's dispatch, the caller's set-up):
+# measured, the ViT's LayerNorm (65,536 elements) and simplecnn's ReLU (200,704) ran slower at 2 threads
+# than at 1 inside a step, its 16 x 16 x 16 attention products did not gain. Cheap passes (ReLU, add,
+# batch and layer normalization: 0.1-0.5 ns an element) count _CHEAP elements as one; a matrix product
+# counts one element per _MACS_PER_ELEMENT multiply-adds.
 _PARALLEL_MIN = 32768
+_CHEAP = 8
+_MACS_PER_ELEMENT = 64
 # `_pointwise`: 1x1 convolutions on images of at most this many pixels (4x4) run as one whole-batch GEMM
 # (measured 1.3-7x faster on 4x4 and 2x2 images, mixed on 8x8, slower on 32x32)
 _POINTWISE_MAX_HW = 16
@@ -460,7 +467,7 @@ class CPUBackend(Backend):
         rows = x.size // d
         y, x_hat = np.empty_like(x), np.empty_like(x)
         inv_std = np.empty(rows, self.dtype)
-        POOL.run(krows.layernorm_fwd, self._nt(x.size), x.reshape(-1), self._vec(gamma), self._vec(beta),
+        POOL.run(krows.layernorm_fwd, self._nt(x.size // _CHEAP), x.reshape(-1), self._vec(gamma), self._vec(beta),
                  y.reshape(-1), x_hat.reshape(-1), inv_std, rows, d, float(eps))
         return y, (x_hat, inv_std)
 
@@ -471,7 +478,7 @@ class CPUBackend(Backend):
         dy = self._c(dy)
         d = dy.shape[-1]
         rows = dy.size // d
-        nt = self._nt(dy.size)
+        nt = self._nt(dy.size // _CHEAP)
         dgamma, dbeta = np.zeros((nt, d)), np.zeros((nt, d))
         dx = np.empty_like(dy)
         POOL.run(krows.layernorm_bwd, nt, dy.reshape(-1), x_hat.reshape(-1), inv_std, self._vec(gamma),
@@ -499,13 +506,13 @@ class CPUBackend(Backend):
     def relu_forward(self, x):
         x = self._c(x)
         y = np.empty_like(x)
-        POOL.run(kp.relu_fwd, self._nt(x.size), x.reshape(-1), y.reshape(-1))
+        POOL.run(kp.relu_fwd, self._nt(x.size // _CHEAP), x.reshape(-1), y.reshape(-1))
         return y
 
     def relu_backward(self, dy, y):
         dy = self._c(dy)
         dx = np.empty_like(dy)
-        POOL.run(kp.relu_bwd, self._nt(dy.size), dy.reshape(-1), self._c(y).reshape(-1), dx.reshape(-1))
+        POOL.run(kp.relu_bwd, self._nt(dy.size // _CHEAP), dy.reshape(-1), self._c(y).reshape(-1), dx.reshape(-1))
         return dx
 
     def add(self, a, b, relu=False):
@@ -513,7 +520,7 @@ class CPUBackend(Backend):
         if a.shape != b.shape:
             raise ShapeError(f"add: shapes {a.shape} and {b.shape} differ")
         y = np.empty_like(a)
-        POOL.run(kp.add_fwd, self._nt(a.size), a.reshape(-1), b.reshape(-1), y.reshape(-1), relu)
+        POOL.run(kp.add_fwd, self._nt(a.size // _CHEAP), a.reshape(-1), b.reshape(-1), y.reshape(-1), relu)
         return y
 
     # --- batch normalization ------------------------------------------------------------------------
@@ -536,7 +543,7 @@ class CPUBackend(Backend):
         if m == 0:
             raise ShapeError("batchnorm_forward_train: empty batch")
         xf = x.reshape(-1)
-        nt = self._nt(x.size)
+        nt = self._nt(x.size // _CHEAP)
         s1 = np.empty((nt, c))
         s2 = np.empty((nt, c))
         # shifted sums: stable one-pass variance; synchronized, about the centre every replica shares
@@ -564,7 +571,7 @@ class CPUBackend(Backend):
         y = np.empty_like(x)
         xf = x.reshape(-1)
         mu = self._vec(mean)
-        POOL.run(kp.bn_affine, self._nt(x.size), xf, xf, mu, mu, self._vec(scale), self._vec(beta),
+        POOL.run(kp.bn_affine, self._nt(x.size // _CHEAP), xf, xf, mu, mu, self._vec(scale), self._vec(beta),
                  y.reshape(-1), m, c, False, mu, mu, relu)
         return y
 
@@ -582,7 +589,7 @@ class CPUBackend(Backend):
             raise ShapeError(f"batchnorm_backward: dy has shape {dy.shape}, expected {x.shape}")
         c = x.shape[-1]
         m = x.size // c
-        nt = self._nt(x.size)
+        nt = self._nt(x.size // _CHEAP)
         s1 = np.empty((nt, c))
         s2 = np.empty((nt, c))
         xf, dyf = x.reshape(-1), dy.reshape(-1)
@@ -610,7 +617,7 @@ class CPUBackend(Backend):
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         nb = math.prod(batch)
-        nt = self._nt(nb * m * n * k // 16)            # a hand-off (~15 us) against ~16 multiply-adds per element
+        nt = self._nt(nb * m * n * k // _MACS_PER_ELEMENT)
         if nt == 1:                                    # NumPy's own call is cheaper; BLAS on this thread only
             with blas.blas_single_thread():
                 return np.matmul(a, b, out=out)
