@@ -67,3 +67,47 @@ def test_launcher_overhead_delays_each_replica_before_the_reduction():
     assert compute == pytest.approx([25e-3, 20e-3], rel=1e-12)
     assert t == pytest.approx(max(25e-3 + 5e-3, 20e-3 + 9e-3) + full + 5e-4 + STATS, rel=1e-12)
     assert wait == pytest.approx([full, 1e-3 + full], rel=1e-9)
+
+
+def test_contention_slows_each_replicas_local_work_by_its_factor():
+    prof = _profile()
+    prof.step_overhead_s = (1e-3, 0.0)
+    m = StepModel([prof] * 2, [1, 2], Collective("ring", 2, NET), contention=[2.0, 1.5])
+    t, compute, _ = m.step(np.ones(2))
+    full = allreduce_seconds("ring", 4 << 20, 2, *NET.as_tuple())
+    # compute 10 and 20 ms alone -> 20 and 30 ms; overhead 1 ms -> 2 and 1.5 ms; the update at the slowest factor
+    assert compute == pytest.approx([20e-3, 30e-3], rel=1e-12)
+    assert t == pytest.approx(max(20e-3 + 2e-3, 30e-3 + 1.5e-3) + full + 2.0 * 5e-4 + STATS, rel=1e-12)
+
+
+def test_contention_factor_between_and_beyond_the_measured_counts():
+    prof = _profile()
+    assert prof.contention_factor(7) == 1.0                       # unmeasured: no contention
+    prof.cores, prof.contention = 4, {1: 1.0, 2: 1.2, 4: 1.6, 5: 2.5}
+    assert prof.contention_factor(3) == pytest.approx(1.4, rel=1e-12)   # linear between 2 and 4
+    assert prof.contention_factor(10) == pytest.approx(2.5 * 10 / 5, rel=1e-12)  # time-slicing beyond
+    prof.contention = {1: 1.0, 2: 1.2}                            # measured up to 2 of 4 cores
+    assert prof.contention_factor(4) == pytest.approx(1.2, rel=1e-12)
+    assert prof.contention_factor(8) == pytest.approx(1.2 * 8 / 4, rel=1e-12)
+    prof.threads_per_replica = 2                                  # 2 slots of 2 threads on 4 cores
+    assert prof.replica_slots == 2 and prof.contention_factor(3) == pytest.approx(1.2 * 3 / 2, rel=1e-12)
+
+
+def test_oversubscribed_network_only_when_ranks_outnumber_the_slots():
+    prof = _profile()
+    over = Network(1e-3, 1e-8, 1e-9)
+    prof.network_oversubscribed = over
+    assert prof.network_for(3) is NET                             # cores unknown: the one network
+    prof.cores = 2
+    assert prof.network_for(2) is NET and prof.network_for(3) is over
+
+
+def test_engine_applies_the_node_rank_count():
+    from pydtnn.sim.engine import Scenario, simulate
+    prof = _profile()
+    prof.cores, prof.contention = 2, {1: 1.0, 2: 1.25, 3: 2.0}
+    one_node = simulate(Scenario(profiles=[prof] * 4, global_batch=4, steps=1, nodes=1))
+    two_nodes = simulate(Scenario(profiles=[prof] * 4, global_batch=4, steps=1, nodes=2))
+    # b = 1 each: 10 ms alone; 4 ranks on 2 cores -> 2.0 * 4 / 3; 2 ranks per node -> 1.25
+    assert one_node.compute_s == pytest.approx([10e-3 * 2.0 * 4 / 3] * 4, rel=1e-12)
+    assert two_nodes.compute_s == pytest.approx([10e-3 * 1.25] * 4, rel=1e-12)

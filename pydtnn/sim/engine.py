@@ -96,15 +96,22 @@ def _check(sc: Scenario):
 
 
 def _model(sc, sizes, collective, emulate):
+    per_node = sc.replicas // sc.nodes
+    contention = [p.contention_factor(per_node) for p in sc.profiles]
     return StepModel(sc.profiles, sizes, collective, non_blocking=sc.non_blocking, sync_bn=sc.sync_bn,
-                     bucket_bytes=sc.bucket_bytes, emulate=emulate)
+                     bucket_bytes=sc.bucket_bytes, emulate=emulate, contention=contention)
+
+
+def _collective(sc):
+    first = sc.profiles[0]
+    return Collective(resolve_algorithm(sc.algorithm), sc.replicas, first.network_for(sc.replicas // sc.nodes),
+                      first.network_inter, sc.nodes)
 
 
 def simulate(sc: Scenario) -> Result:
     _check(sc)
     P = sc.replicas
-    first = sc.profiles[0]
-    collective = Collective(resolve_algorithm(sc.algorithm), P, first.network, first.network_inter, sc.nodes)
+    collective = _collective(sc)
     emulate = None
     if sc.speed_factors is not None:
         f = np.asarray(sc.speed_factors, dtype=np.float64)
@@ -147,8 +154,7 @@ def best_partition(sc: Scenario, iterations: int = 20):
     the best split seen). Returns (sizes, step seconds)."""
     _check(sc)
     P = sc.replicas
-    first = sc.profiles[0]
-    collective = Collective(resolve_algorithm(sc.algorithm), P, first.network, first.network_inter, sc.nodes)
+    collective = _collective(sc)
     emulate = None if sc.speed_factors is None else (max(sc.speed_factors) / np.asarray(sc.speed_factors, float))
     ones = np.ones(P)
     sizes = balance.partition(sc.global_batch, [1.0] * P)

@@ -15,6 +15,9 @@ variability factor of that replica (noise, stragglers, its speed factor).
   always, then waits until b_i * t_ref / (f / max f), t_ref the per-sample compute time of the full-speed
   replicas (the emulator's deadline).
 
+- ``contention``: each replica's slowdown from the other ranks on its node (the profile's contention
+  factor at that node's rank count), on all of its local work: compute, the per-step overhead, the update.
+
 The launcher's other per-step work (taking the batch, targets, metrics: the profile's step_overhead_s,
 o0 + o1 * b_i) delays each replica's arrival at the reduction; the trainer's per-step stats allreduce
 (P + 8 float64) follows the update.
@@ -50,22 +53,25 @@ class StepModel:
     """Built once per split (sizes); `step(factors)` simulates one step for per-replica factors (P,)."""
 
     def __init__(self, profiles, sizes, collective: Collective, *, non_blocking=False, sync_bn=False,
-                 bucket_bytes=1 << 20, emulate=None, update_s=None):
+                 bucket_bytes=1 << 20, emulate=None, update_s=None, contention=None):
         self.sizes = np.asarray(sizes, dtype=np.float64)
         P = self.sizes.size
+        slow = np.ones(P) if contention is None else np.asarray(contention, dtype=np.float64)
         first = profiles[0]
         L = len(first.layer_names)
         fwd, bwd = np.zeros((P, L)), np.zeros((P, L))
         for prof in {id(p): p for p in profiles}.values():
             rows = np.array([i for i, p in enumerate(profiles) if p is prof])
             fwd[rows], bwd[rows] = prof.layer_seconds(self.sizes[rows])
-        self.update_s = first.update_s if update_s is None else update_s
+        fwd *= slow[:, None]
+        bwd *= slow[:, None]
+        self.update_s = (first.update_s if update_s is None else update_s) * float(slow.max())
         # the launcher's per-step work besides compute and reduction (batch, targets, metrics), per replica
         self.pre = np.zeros(P)
         for prof in {id(p): p for p in profiles}.values():
             rows = np.array([i for i, p in enumerate(profiles) if p is prof])
             o0, o1 = prof.step_overhead_s
-            self.pre[rows] = o0 + o1 * self.sizes[rows]
+            self.pre[rows] = (o0 + o1 * self.sizes[rows]) * slow[rows]
         # execution units: forward 0..L-1, then backward L-1..0; cumulative seconds at the end of each
         units = np.concatenate([fwd, bwd[:, ::-1]], axis=1)                    # (P, 2L)
         cum = np.cumsum(units, axis=1)
