@@ -30,11 +30,20 @@ def test_blocking_step_is_slowest_compute_plus_allreduce_plus_update():
 def test_overlapped_buckets_start_when_their_layer_is_done_everywhere():
     # 1 MiB buckets from the end: bucket 0 = layer 1's gradients, ready after layer 1's backward on the
     # slower replica (b=2: 2*(1+3) + 2*4 = 16 ms); buckets 1..3 = layer 0's, ready at 20 ms
-    m = StepModel([_profile()] * 2, [1, 2], Collective("ring", 2, NET), non_blocking=True)
+    # (across two nodes, one replica each: the network moves a bucket while backward goes on)
+    m = StepModel([_profile()] * 2, [1, 2], Collective("ring", 2, NET, nodes=2), non_blocking=True)
     t, compute, _ = m.step(np.array([1.0, 1.0]))
     one = allreduce_seconds("ring", 1 << 20, 2, *NET.as_tuple())
     c = max(16e-3 + one, 20e-3) + 3 * one
     assert t == pytest.approx(c + 5e-4 + STATS, rel=1e-12)
+
+
+def test_buckets_on_one_node_follow_the_slowest_backward():
+    # shared memory: the ranks' own cores move the buckets, after their backward; 4 buckets, 4 latencies
+    m = StepModel([_profile()] * 2, [1, 2], Collective("ring", 2, NET), non_blocking=True)
+    t, _, _ = m.step(np.array([1.0, 1.0]))
+    one = allreduce_seconds("ring", 1 << 20, 2, *NET.as_tuple())
+    assert t == pytest.approx(20e-3 + 4 * one + 5e-4 + STATS, rel=1e-12)
 
 
 def test_sync_batchnorm_barriers_take_each_segments_slowest():

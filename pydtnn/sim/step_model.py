@@ -8,6 +8,10 @@ variability factor of that replica (noise, stragglers, its speed factor).
 - Non-blocking (the trainer's `BucketedReducer`): the buffer is cut from its end into buckets of
   ``bucket_bytes``; bucket k can start once every replica has finished the backward of the lowest layer
   it covers; buckets go one after the other on the network: c_k = max(c_{k-1}, ready_k) + T(bucket_k).
+  That is across nodes. Within one node MPI moves the buckets through shared memory with the ranks' own
+  cores, inside their MPI calls, so a bucket cannot move while its rank computes: on one node the
+  buckets follow the slowest backward one after the other (measured: overlap gains nothing here, see
+  docs/simulation.md).
 - ``--sync_batchnorm``: every BatchNormalization layer reduces its statistics across replicas in forward
   (2C + 1 numbers) and in backward (2C): each is a barrier (the slowest replica sets the pace between
   two of them) plus a small, latency-bound allreduce.
@@ -41,6 +45,7 @@ class Collective:
         self.algorithm, self.P, self.nodes = algorithm, int(P), int(nodes)
         self.intra = network.as_tuple()
         self.inter = (network_inter or network).as_tuple()
+        self.overlaps_compute = self.nodes > 1          # shared-memory transfers need the ranks' cores
 
     def __call__(self, nbytes):
         if self.algorithm == "hierarchical":
@@ -138,7 +143,9 @@ class StepModel:
             end = np.maximum(end, self.emulate * f)
         busy = end + self.pre
         last = float(busy.max())
-        if self.non_blocking:
+        if self.non_blocking and not self.collective.overlaps_compute:
+            reduced = last + float(self.bucket_s.sum())
+        elif self.non_blocking:
             c = 0.0
             for r, t in zip(ready, self.bucket_s):
                 c = max(c, r) + t
