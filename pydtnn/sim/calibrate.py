@@ -5,7 +5,7 @@ several ranks on this node slow each other (contention; with more ranks than cor
 Per-layer times come from timing each top-level layer's ``forward_internal`` / ``backward_internal``
 inside the trainer's own ``Model.compute_gradients`` (so the fused softmax + loss and the layout
 conversions are in); what those timers miss (the loss) is added to the last layer's forward, so the
-layers sum to the measured step. Each point is the median of several passes (this machine is shared).
+layers sum to the measured step. Each point is the mean of repeated passes over a few distinct batches.
 """
 from __future__ import annotations
 
@@ -67,32 +67,35 @@ def measure_layers(model, batch_points=DEFAULT_BATCH_POINTS, seconds=30.0, loss=
     fwd, bwd = np.zeros((L, K)), np.zeros((L, K))
     per_point = seconds / K
     for k, b in enumerate(batch_points):
-        x = rng.standard_normal((b,) + tuple(model.input_shape)).astype(model.dtype)
+        # a few distinct batches in turn: the launcher's every step brings fresh data into the caches
+        xs = [rng.standard_normal((b,) + tuple(model.input_shape)).astype(model.dtype) for _ in range(4)]
         if getattr(model.layers[0], "ids", False):
-            x = rng.integers(0, 2, size=x.shape)
+            xs = [rng.integers(0, 2, size=x.shape) for x in xs]
         y = np.zeros((b,) + tuple(model.output_shape), model.dtype)
         y.reshape(b, -1)[:, 0] = 1.0
         runs_f, runs_b, t_start = [], [], time.perf_counter()
-        model.compute_gradients(x, y, loss)          # warm-up: allocations, compiled kernels
-        while len(runs_f) < 3 or (time.perf_counter() - t_start < per_point and len(runs_f) < 50):
+        model.compute_gradients(xs[0], y, loss)      # warm-up: allocations, compiled kernels
+        while len(runs_f) < 4 or (time.perf_counter() - t_start < per_point and len(runs_f) < 200):
             clock.reset()
             t0 = time.perf_counter()
-            model.compute_gradients(x, y, loss)
+            model.compute_gradients(xs[len(runs_f) % len(xs)], y, loss)
             model.backend.synchronize()
             total = time.perf_counter() - t0
             f, bk = clock.fwd.copy(), clock.bwd.copy()
             f[-1] += max(0.0, total - f.sum() - bk.sum())          # the loss and what the timers missed
             runs_f.append(f)
             runs_b.append(bk)
-        fwd[:, k] = np.median(runs_f, axis=0)
-        bwd[:, k] = np.median(runs_b, axis=0)
+        # the mean, not the median: an epoch is a sum of steps, so its time is the steps' mean times
+        # their number, slow steps (interrupts, the collector, page faults) included
+        fwd[:, k] = np.mean(runs_f, axis=0)
+        bwd[:, k] = np.mean(runs_b, axis=0)
     opt = get_optimizer("sgd", learning_rate=0.01, momentum=0.9)
     times = []
     for _ in range(20):
         t0 = time.perf_counter()
         opt.step(model.params, model.grads)
         times.append(time.perf_counter() - t0)
-    return fwd, bwd, float(np.median(times[2:]))
+    return fwd, bwd, float(np.mean(times[2:]))
 
 
 def measure_network(nprocs=2, seconds=20.0, timeout=120.0) -> dict:
@@ -145,7 +148,7 @@ def _run(cmd, timeout, env, what):
 def measure_step_overhead(model_name, batches=(8, 64), steps=20, dataset=None, timeout=300.0, threads=1):
     """The launcher's own per-step cost outside forward, backward and the reduction (taking the batch,
     targets, metrics, the per-step stats, the optimizer): one-rank launcher runs with --tracing, the
-    median step period (from one step's first layer event to the next's) minus the median compute (its layer
+    mean step period (from one step's first layer event to the next's) minus the mean compute (its layer
     events, `trace_profile.step_computes`), at two
     local batches. Returns (o0, o1): overhead = o0 + o1 * b seconds per step."""
     from pydtnn.parallel import mpirun
@@ -169,8 +172,8 @@ def measure_step_overhead(model_name, batches=(8, 64), steps=20, dataset=None, t
             with open(trace) as f:
                 events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
             starts, durs = (np.array(v) for v in zip(*step_computes(events)))
-            period = np.median(np.diff(starts[1:]))               # the first step pays for warm-up
-            points.append((b, max(0.0, float(period - np.median(durs[1:])))))
+            period = np.mean(np.diff(starts[1:]))                 # the first step pays for warm-up
+            points.append((b, max(0.0, float(period - np.mean(durs[1:-1])))))
     (b0, t0), (b1, t1) = points
     slope = max(0.0, (t1 - t0) / (b1 - b0))
     return max(0.0, t0 - slope * b0), slope
