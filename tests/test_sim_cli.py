@@ -87,3 +87,14 @@ def test_calibrate_measures_this_machine(tmp_path):
     assert sorted(map(int, doc["contention"])) == contention_points(cores)
     assert doc["contention"]["1"] == 1.0 and all(v > 0 for v in doc["contention"].values())
     assert doc["network_sweep_oversubscribed"]["processes"] == cores + 1
+
+
+def test_a_reader_that_goes_away_is_no_traceback():
+    """`pydtnn-simulate run ... | head -1`: the pipe closes before the output is written."""
+    proc = subprocess.Popen([sys.executable, "-m", "pydtnn.sim", "run", "--model", "simplemlp", "--global_batch_size",
+                             "64", "--replicas", "4", "--steps", "5", "--sweep", "auto"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()                                 # no reader left: the first flush fails with EPIPE
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err

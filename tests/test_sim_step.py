@@ -120,3 +120,20 @@ def test_engine_applies_the_node_rank_count():
     # b = 1 each: 10 ms alone; 4 ranks on 2 cores -> 2.0 * 4 / 3; 2 ranks per node -> 1.25
     assert one_node.compute_s == pytest.approx([10e-3 * 2.0 * 4 / 3] * 4, rel=1e-12)
     assert two_nodes.compute_s == pytest.approx([10e-3 * 1.25] * 4, rel=1e-12)
+
+
+def test_an_emulated_replica_sleeping_to_its_deadline_leaves_its_core_to_the_others():
+    from pydtnn.sim.engine import Scenario, simulate
+    prof = _profile()
+    prof.contention = {1: 1.0, 2: 1.25, 3: 2.0}
+    common = dict(global_batch=3, steps=1, speed_factors=[1.0, 1.0, 0.5])
+    # 3 ranks on 2 cores: the emulator sleeps. At k = 3 (factor 2) compute is 20 ms each and the half-speed
+    # replica's deadline 40 ms, so it works half its step: 2.5 ranks at work -> factor 1.625 (between 1.25
+    # and 2), compute 16.25 ms, deadline 32.5 ms
+    prof.cores = 2
+    got = simulate(Scenario(profiles=[prof] * 3, **common)).compute_s
+    assert got == pytest.approx([16.25e-3, 16.25e-3, 32.5e-3], rel=1e-12)
+    # 3 ranks on 4 cores: the emulator spins, every rank keeps its core busy: factor 2 at k = 3
+    prof.cores = 4
+    got = simulate(Scenario(profiles=[prof] * 3, **common)).compute_s
+    assert got == pytest.approx([20e-3, 20e-3, 40e-3], rel=1e-12)

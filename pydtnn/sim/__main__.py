@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from pydtnn.cli import OneLineParser, boolean, float_list, nonneg_float, positive_int, positive_int_list
@@ -215,9 +216,15 @@ def main(argv=None) -> int:
     try:
         a = build_parser().parse_args(argv)
         (_calibrate if a.command == "calibrate" else _run)(a)
+        sys.stdout.flush()                  # inside the try: a closed pipe fails here, not at exit
     except PyDTNNError as e:
         print(f"pydtnn: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`... | head`): no traceback; stdout now points nowhere, so that Python's
+        # own flush at exit cannot fail a second time
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
 
 
