@@ -145,7 +145,7 @@ def partition(global_batch: int, speeds: Sequence[float], caps: Sequence[int] | 
 
 
 def _proportional_in_integers(batch: int, v: list[float]) -> list[int] | None:
-    """The same split when no cap binds and every quota is >= 1, in integers (thousands of times faster
+    """The same split when no cap binds and every quota is >= 1, in integers (about 100x faster
     than fractions at 16,384 replicas, and exact): every float is n / 2^k, so over their common
     denominator the speeds are integers m_i and q_i = B m_i / S with S = sum(m). Then b_i = (B m_i) // S,
     and the fractional parts, all over the same S, compare as the remainders (B m_i) % S. None when a
