@@ -5,13 +5,16 @@
     python scripts/validate_sim.py --rounds 3         # the full table (run it on a quiet machine)
 
 1. Calibrate each model here (``pydtnn-simulate calibrate`` in a subprocess, one BLAS/Numba thread,
-   as every launcher rank below gets ``--threads_per_replica 1``).
+   as every launcher rank below gets ``--threads_per_replica 1``), at the start of every round: this
+   machine's speed drifts by 20-40% over minutes when nothing else runs on it (a VM on a shared host),
+   so a profile is compared with the measurements of its own round (``--calibrate_once``: one profile).
 2. Run the cases, alternately: every round runs every case once, in the same order, so a load that
    drifts hits all cases alike. A case is the real launcher (``mpiexec -n P scripts/pydtnn_benchmark.py``)
    on synthetic data for ``--epochs`` epochs of ``--steps`` steps; its measured time is the median of
    the epochs after the first (the first pays for warm-up, the emulation's calibration, kernel compiles).
-3. Predict each case with the simulator (the same split policy, speeds, overlap, steps) and print
-   predicted against measured: per case the median over rounds and the spread (max - min) / median.
+3. Predict each case with the simulator (the same split policy, speeds, overlap, steps) from that
+   round's profile and print predicted against measured: per case the medians over rounds, the spread
+   (max - min) / median of the measurements, and the median over rounds of each round's error.
 4. Partition check (2 ranks, emulated 1 : 0.5): measure several static splits; the simulator's best
    partition, as measured, must be within 5% of the best measured one. Policy check: equal, static and
    dynamic in the measured order.
@@ -49,7 +52,7 @@ class Case:
     emulate: list | None = None
     speeds: list | None = None                  # static: --replica_speeds
     measured: list = field(default_factory=list)
-    predicted: float = float("nan")
+    predicted: list = field(default_factory=list)          # one per round (that round's profile)
 
     @property
     def label(self) -> str:
@@ -122,9 +125,11 @@ def measure(c: Case, args, tmp: Path) -> float:
     return float(np.median([r["time_s"] for r in rows[1:]]))
 
 
-def calibrate(model: str, args, tmp: Path):
+def calibrate(model: str, args, tmp: Path, tag: str = ""):
     from pydtnn.sim.profile import load_profile
-    path = tmp / f"{model}.json"
+    where = Path(args.keep_profiles) if args.keep_profiles else tmp
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / f"{model}{tag}.json"
     env = dict(os.environ, **ONE_THREAD, PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "pydtnn.sim", "calibrate", "--model", model, "--batch_points", "1,8,32,64,128",
            "--seconds", str(args.calibrate_seconds), "--out", str(path)]
@@ -207,7 +212,10 @@ def main():
     ap.add_argument("--steps", type=int, default=None, help="steps per epoch (default 30, quick 15)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--rebalance_interval", type=int, default=5)
-    ap.add_argument("--calibrate_seconds", type=float, default=None, help="per model (default 60, quick 20)")
+    ap.add_argument("--calibrate_seconds", type=float, default=None, help="per model and round (default 30, quick 20)")
+    ap.add_argument("--calibrate_once", action="store_true", help="one calibration before all rounds")
+    ap.add_argument("--keep_profiles", default=None, help="a folder to keep each round's profiles in")
+    ap.add_argument("--raw", default=None, help="a JSON file for every case's measured and predicted seconds")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--out", default="validation.md")
     args = ap.parse_args()
@@ -215,32 +223,40 @@ def main():
         return papers(args) if args.papers else scale(args)
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.steps = args.steps or (15 if args.quick else 30)
-    args.calibrate_seconds = args.calibrate_seconds or (20.0 if args.quick else 60.0)
+    args.calibrate_seconds = args.calibrate_seconds or (20.0 if args.quick else 30.0)
     load_start = load()
     all_cases = cases(args.quick)
     part_model = "simplecnn"
     parts = partition_cases(part_model)
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
-        profiles = {m: calibrate(m, args, tmp) for m in dict.fromkeys([c.model for c in all_cases])}
+        models = list(dict.fromkeys([c.model for c in all_cases]))
+        profiles = None
         for r in range(args.rounds):
+            if profiles is None or not args.calibrate_once:
+                profiles = {m: calibrate(m, args, tmp, f".round{r + 1}") for m in models}
             for c in all_cases + parts:
                 c.measured.append(measure(c, args, tmp))
-                print(f"round {r + 1}: {c.label}: {c.measured[-1]:.3f} s (load {load()})", flush=True)
-    for c in all_cases + parts:
-        c.predicted = predict(c, profiles[c.model], args)
+                c.predicted.append(predict(c, profiles[c.model], args))
+                print(f"round {r + 1}: {c.label}: {c.measured[-1]:.3f} s, predicted {c.predicted[-1]:.3f} s "
+                      f"(load {load()})", flush=True)
     load_end = load()
 
     def med(c):
         return float(np.median(c.measured))
-    errors = np.array([c.predicted / med(c) - 1 for c in all_cases])
+
+    def pred(c):
+        return float(np.median(c.predicted))
+    errors = np.array([np.median(np.array(c.predicted) / np.array(c.measured) - 1) for c in all_cases])
     lines = [f"Measured on this machine ({os.cpu_count()} cores), load average (1, 5, 15 min) {load_start} at the "
              f"start and {load_end} at the end; {args.rounds} round(s), {args.epochs} epochs of {args.steps} steps, "
-             f"epoch time = median of the epochs after the first.", "",
-             "| case | measured s (median) | spread | predicted s | error |", "|---|---|---|---|---|"]
+             f"epoch time = median of the epochs after the first; "
+             f"{'one calibration' if args.calibrate_once else 'calibrated at the start of every round'}; error = "
+             f"median over rounds of predicted / measured - 1.", "",
+             "| case | measured s (median) | spread | predicted s (median) | error |", "|---|---|---|---|---|"]
     for c, e in zip(all_cases, errors):
         spread = (max(c.measured) - min(c.measured)) / med(c)
-        lines.append(f"| {c.label} | {med(c):.3f} | {100 * spread:.0f}% | {c.predicted:.3f} | {100 * e:+.1f}% |")
+        lines.append(f"| {c.label} | {med(c):.3f} | {100 * spread:.0f}% | {pred(c):.3f} | {100 * e:+.1f}% |")
     lines += ["", f"median |error| {100 * np.median(np.abs(errors)):.1f}%, max |error| {100 * np.max(np.abs(errors)):.1f}% "
               f"over {len(errors)} cases (goals: 5% and 10%)."]
     best = best_predicted_split(part_model, profiles[part_model], args)
@@ -255,14 +271,17 @@ def main():
               + f". The measured split nearest the predicted best is {100 * (med(nearest) / best_measured - 1):.1f}% "
               f"slower than the best measured (goal: within 5%)."]
     ranking = {"equal": med(statics[0]), "static": med(statics[2]), "dynamic": med(parts[-1])}
-    pred = {"equal": statics[0].predicted, "static": statics[2].predicted, "dynamic": parts[-1].predicted}
+    predicted = {"equal": pred(statics[0]), "static": pred(statics[2]), "dynamic": pred(parts[-1])}
     order_m = sorted(ranking, key=ranking.get)
-    order_p = sorted(pred, key=pred.get)
+    order_p = sorted(predicted, key=predicted.get)
     lines += ["", f"Policies (same case): measured {', '.join(f'{k} {v:.3f} s' for k, v in ranking.items())} -> order "
-              f"{' < '.join(order_m)}; predicted {', '.join(f'{k} {v:.3f} s' for k, v in pred.items())} -> order "
+              f"{' < '.join(order_m)}; predicted {', '.join(f'{k} {v:.3f} s' for k, v in predicted.items())} -> order "
               f"{' < '.join(order_p)} ({'same' if order_m == order_p else 'DIFFERENT'} order)."]
     text = "\n".join(lines) + "\n"
     Path(args.out).write_text(text)
+    if args.raw:
+        Path(args.raw).write_text(json.dumps([{"case": c.label, "measured_s": c.measured, "predicted_s": c.predicted}
+                                              for c in all_cases + parts], indent=1))
     print()
     print(text)
 

@@ -405,3 +405,13 @@ def test_probe_speeds_serial_uses_the_median():
     assert v.shape == (1,) and v.dtype == np.float64 and v[0] > 32 / 0.05
     with pytest.raises(ConfigError):
         probe_speeds(fake_step, SerialComm(), k=0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(speeds=st.one_of(speeds_st, st.lists(st.sampled_from([1.0, 0.5, 3.0, 1e-300, 7e300]), min_size=1, max_size=12)),
+       extra=st.integers(min_value=0, max_value=5000))
+def test_partition_integer_fast_path_equals_the_exact_water_level(speeds, extra):
+    # caps that cannot bind send the same split through the fractions (the water level); without caps a
+    # split whose quotas are all >= 1 is computed in integers: both must give the same sizes, ties included
+    batch = len(speeds) + extra
+    assert partition(batch, speeds) == partition(batch, speeds, caps=[batch] * len(speeds))

@@ -94,3 +94,24 @@ def test_profile_from_a_per_layer_trace_takes_each_layers_median(tmp_path):
     # 11 lognormal(0.05) draws: the median is within ~0.05 * 1.25 / sqrt(11) = 2% of the truth, rarely 5%
     assert np.allclose(prof.forward_s[:, 0], [fwd[n] for n in names], rtol=0.06)
     assert np.allclose(prof.backward_s[:, 0], [2 * fwd[n] for n in names], rtol=0.06)
+
+
+def test_contention_fields_round_trip_and_are_checked(tmp_path):
+    from pydtnn.errors import ConfigError
+    prof = Profile(model="m", batch_points=[1], layer_names=["a"], layer_types=["FC"], param_bytes=np.array([4]),
+                   bn_channels=np.array([0]), forward_s=np.array([[1e-3]]), backward_s=np.array([[1e-3]]),
+                   network=Network(1e-6, 1e-9, 1e-10), cores=2, contention={1: 1.0, 2: 1.1, 3: 2.4},
+                   network_oversubscribed=Network(2e-6, 2e-9, 1e-10))
+    d = json.loads(json.dumps(prof.to_dict()))
+    back = Profile.from_dict(d)
+    assert back.contention == prof.contention and back.cores == 2 and back.threads_per_replica == 1
+    assert back.network_oversubscribed == prof.network_oversubscribed
+    d["contention"] = {"2": -1}
+    with pytest.raises(ConfigError, match="contention"):
+        Profile.from_dict(d)
+
+
+@pytest.mark.parametrize("slots, points", [(1, [1, 2]), (2, [1, 2, 3]), (6, [1, 2, 4, 6, 7]), (8, [1, 2, 4, 8, 9])])
+def test_contention_points_reach_one_past_the_slots(slots, points):
+    from pydtnn.sim.calibrate import contention_points
+    assert contention_points(slots) == points

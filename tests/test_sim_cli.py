@@ -70,7 +70,10 @@ def test_text_output_and_console_module(roofline_profile, tmp_path):
 
 @pytest.mark.mpi
 def test_calibrate_measures_this_machine(tmp_path):
-    """A short real calibration: layers at two batch sizes, ping-pong and Allreduce on 2 processes."""
+    """A short real calibration: layers at two batch sizes, ping-pong and Allreduce on 2 processes, the
+    contention probe at 1 .. cores + 1 processes (and the network again with cores + 1)."""
+    from pydtnn.parallel.threads import usable_cores
+    from pydtnn.sim.calibrate import contention_points
     path = tmp_path / "m.json"
     assert main(["calibrate", "--model", "simplemlp", "--batch_points", "1,16", "--seconds", "3",
                  "--out", str(path)]) == 0
@@ -79,3 +82,19 @@ def test_calibrate_measures_this_machine(tmp_path):
     assert doc["network"]["alpha"] > 0 and doc["network"]["beta"] > 0
     assert all(sum(l["forward_s"]) > 0 for l in doc["layers"] if l["param_bytes"])
     assert len(doc["step_overhead_s"]) == 2 and min(doc["step_overhead_s"]) >= 0   # from two traced launcher runs
+    cores = len(usable_cores())
+    assert doc["cores"] == cores and doc["threads_per_replica"] == 1
+    assert sorted(map(int, doc["contention"])) == contention_points(cores)
+    assert doc["contention"]["1"] == 1.0 and all(v > 0 for v in doc["contention"].values())
+    assert doc["network_sweep_oversubscribed"]["processes"] == cores + 1
+
+
+def test_a_reader_that_goes_away_is_no_traceback():
+    """`pydtnn-simulate run ... | head -1`: the pipe closes before the output is written."""
+    proc = subprocess.Popen([sys.executable, "-m", "pydtnn.sim", "run", "--model", "simplemlp", "--global_batch_size",
+                             "64", "--replicas", "4", "--steps", "5", "--sweep", "auto"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()                                 # no reader left: the first flush fails with EPIPE
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err

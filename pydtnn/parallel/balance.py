@@ -131,11 +131,34 @@ def partition(global_batch: int, speeds: Sequence[float], caps: Sequence[int] | 
     if caps is not None and sum(caps) < batch:
         raise ConfigError(f"the local batch caps {caps} (--max_local_batch) hold {sum(caps)} samples, fewer than "
                           f"the global batch {batch}: raise the caps or lower --global_batch_size")
+    if caps is None:
+        fast = _proportional_in_integers(batch, v)
+        if fast is not None:
+            return fast
     quota = _water_level(batch, [Fraction(x) for x in v], caps)
     sizes = [math.floor(q) for q in quota]
     left = batch - sum(sizes)
     by_remainder = sorted(range(nrep), key=lambda i: (-(quota[i] - sizes[i]), i))
     for i in by_remainder[:left]:
+        sizes[i] += 1
+    return sizes
+
+
+def _proportional_in_integers(batch: int, v: list[float]) -> list[int] | None:
+    """The same split when no cap binds and every quota is >= 1, in integers (about 100x faster
+    than fractions at 16,384 replicas, and exact): every float is n / 2^k, so over their common
+    denominator the speeds are integers m_i and q_i = B m_i / S with S = sum(m). Then b_i = (B m_i) // S,
+    and the fractional parts, all over the same S, compare as the remainders (B m_i) % S. None when a
+    quota is below 1 (the water level's job)."""
+    ratios = [x.as_integer_ratio() for x in v]
+    den = max(d for _, d in ratios)                  # powers of two: each divides the largest
+    m = [n * (den // d) for n, d in ratios]
+    total = sum(m)
+    if batch * min(m) < total:
+        return None
+    sizes, rem = zip(*(divmod(batch * x, total) for x in m))
+    sizes = list(sizes)
+    for i in sorted(range(len(m)), key=lambda i: (-rem[i], i))[:batch - sum(sizes)]:
         sizes[i] += 1
     return sizes
 

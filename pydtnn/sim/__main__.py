@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from pydtnn.cli import OneLineParser, boolean, float_list, nonneg_float, positive_int, positive_int_list
@@ -28,11 +29,18 @@ def build_parser():
     c.add_argument("--dtype", default="float32")
     c.add_argument("--batch_points", type=positive_int_list, default=[1, 8, 32, 128],
                    help="local batch sizes at which each layer is timed")
-    c.add_argument("--seconds", type=nonneg_float, default=60.0, help="time budget: 55%% layers, 20%% network sweeps, the rest the launcher overhead runs")
+    c.add_argument("--seconds", type=nonneg_float, default=60.0,
+                   help="time budget: 40%% layers, 20%% network sweeps, 20%% contention, the rest the launcher "
+                        "overhead runs")
     c.add_argument("--mpi_processes", type=positive_int, default=2, help="processes of the network sweeps")
     c.add_argument("--network", type=boolean, default=True, help="measure the MPI (false: alpha=beta=gamma=0)")
     c.add_argument("--overhead", type=boolean, default=True,
                    help="time the launcher's per-step work outside compute (two short one-rank runs)")
+    c.add_argument("--threads_per_replica", type=positive_int, default=1,
+                   help="threads of the replica being profiled, as the launcher's flag (default 1)")
+    c.add_argument("--contention", type=boolean, default=True,
+                   help="time the model with 1, 2, ... cores+1 processes on this node (ranks slowing each "
+                        "other), and the network with more processes than cores")
     c.add_argument("--trace", default=None, help="build the profile from a launcher Chrome trace instead")
     c.add_argument("--trace_sizes", type=positive_int_list, default=None, help="the split b_0,b_1,... of a trace without per-layer events")
     c.add_argument("--trace_rank", type=int, default=0)
@@ -94,9 +102,10 @@ def _calibrate(a):
     elif a.roofline:
         prof = roofline.roofline_profile(a.model_name, dtype=a.dtype, **_roofline_kw(a))
     else:
-        prof = calibrate.calibrate(a.model_name, a.batch_points, layer_seconds=a.seconds * 0.55,
+        prof = calibrate.calibrate(a.model_name, a.batch_points, layer_seconds=a.seconds * 0.4,
                                    network_seconds=a.seconds * 0.2, nprocs=a.mpi_processes, measure_net=a.network,
-                                   dtype=a.dtype, overhead=a.overhead,
+                                   dtype=a.dtype, overhead=a.overhead, contention=a.contention,
+                                   contention_seconds=a.seconds * 0.2, threads=a.threads_per_replica,
                                    log=lambda m: print(m, file=sys.stderr, flush=True))
     prof.save(a.out)
     print(f"profile of {a.model_name} ({prof.source}) written to {a.out}: {prof.compute_seconds([prof.batch_points[-1]])[0] * 1e3:.3f} "
@@ -207,9 +216,15 @@ def main(argv=None) -> int:
     try:
         a = build_parser().parse_args(argv)
         (_calibrate if a.command == "calibrate" else _run)(a)
+        sys.stdout.flush()                  # inside the try: a closed pipe fails here, not at exit
     except PyDTNNError as e:
         print(f"pydtnn: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`... | head`): no traceback; stdout now points nowhere, so that Python's
+        # own flush at exit cannot fail a second time
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
 
 

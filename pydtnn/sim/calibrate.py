@@ -1,10 +1,11 @@
 """Measure a profile on the machine at hand: every layer's forward and backward time at a few local
-batch sizes (the functional model), the optimizer step, and the MPI's alpha, beta, gamma.
+batch sizes (the functional model), the optimizer step, the MPI's alpha, beta, gamma, and how much
+several ranks on this node slow each other (contention; with more ranks than cores, the network again).
 
 Per-layer times come from timing each top-level layer's ``forward_internal`` / ``backward_internal``
 inside the trainer's own ``Model.compute_gradients`` (so the fused softmax + loss and the layout
 conversions are in); what those timers miss (the loss) is added to the last layer's forward, so the
-layers sum to the measured step. Each point is the median of several passes (this machine is shared).
+layers sum to the measured step. Each point is the mean of repeated passes over a few distinct batches.
 """
 from __future__ import annotations
 
@@ -22,9 +23,14 @@ from pydtnn.errors import ConfigError
 from pydtnn.sim import model_table, network_fit
 from pydtnn.sim.profile import Network, Profile
 
-__all__ = ["measure_layers", "measure_network", "calibrate"]
+__all__ = ["measure_layers", "measure_network", "measure_contention", "contention_points", "calibrate"]
 
 DEFAULT_BATCH_POINTS = (1, 8, 32, 128)
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+
+def _threads_env(n: int) -> dict:
+    return dict(os.environ, **{k: str(int(n)) for k in _THREAD_VARS})
 
 
 class _LayerClock:
@@ -61,32 +67,35 @@ def measure_layers(model, batch_points=DEFAULT_BATCH_POINTS, seconds=30.0, loss=
     fwd, bwd = np.zeros((L, K)), np.zeros((L, K))
     per_point = seconds / K
     for k, b in enumerate(batch_points):
-        x = rng.standard_normal((b,) + tuple(model.input_shape)).astype(model.dtype)
+        # a few distinct batches in turn: the launcher's every step brings fresh data into the caches
+        xs = [rng.standard_normal((b,) + tuple(model.input_shape)).astype(model.dtype) for _ in range(4)]
         if getattr(model.layers[0], "ids", False):
-            x = rng.integers(0, 2, size=x.shape)
+            xs = [rng.integers(0, 2, size=x.shape) for x in xs]
         y = np.zeros((b,) + tuple(model.output_shape), model.dtype)
         y.reshape(b, -1)[:, 0] = 1.0
         runs_f, runs_b, t_start = [], [], time.perf_counter()
-        model.compute_gradients(x, y, loss)          # warm-up: allocations, compiled kernels
-        while len(runs_f) < 3 or (time.perf_counter() - t_start < per_point and len(runs_f) < 50):
+        model.compute_gradients(xs[0], y, loss)      # warm-up: allocations, compiled kernels
+        while len(runs_f) < 4 or (time.perf_counter() - t_start < per_point and len(runs_f) < 200):
             clock.reset()
             t0 = time.perf_counter()
-            model.compute_gradients(x, y, loss)
+            model.compute_gradients(xs[len(runs_f) % len(xs)], y, loss)
             model.backend.synchronize()
             total = time.perf_counter() - t0
             f, bk = clock.fwd.copy(), clock.bwd.copy()
             f[-1] += max(0.0, total - f.sum() - bk.sum())          # the loss and what the timers missed
             runs_f.append(f)
             runs_b.append(bk)
-        fwd[:, k] = np.median(runs_f, axis=0)
-        bwd[:, k] = np.median(runs_b, axis=0)
+        # the mean, not the median: an epoch is a sum of steps, so its time is the steps' mean times
+        # their number, slow steps (interrupts, the collector, page faults) included
+        fwd[:, k] = np.mean(runs_f, axis=0)
+        bwd[:, k] = np.mean(runs_b, axis=0)
     opt = get_optimizer("sgd", learning_rate=0.01, momentum=0.9)
     times = []
     for _ in range(20):
         t0 = time.perf_counter()
         opt.step(model.params, model.grads)
         times.append(time.perf_counter() - t0)
-    return fwd, bwd, float(np.median(times[2:]))
+    return fwd, bwd, float(np.mean(times[2:]))
 
 
 def measure_network(nprocs=2, seconds=20.0, timeout=120.0) -> dict:
@@ -94,9 +103,34 @@ def measure_network(nprocs=2, seconds=20.0, timeout=120.0) -> dict:
     from pydtnn.parallel import mpirun
     probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "network_probe.py")
     cmd = mpirun.mpi_command(nprocs, probe, [str(seconds)])
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env = _threads_env(1)
     out = _run(cmd, timeout, env, f"the network probe ({nprocs} processes)")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def contention_points(slots: int) -> list:
+    """Process counts the contention probe runs at: 1, 2, 4, ... up to the node's replica slots (cores /
+    threads per replica), the slots, and one more (the first oversubscribed count)."""
+    ks = {1, slots, slots + 1}
+    k = 2
+    while k < slots:
+        ks.add(k)
+        k *= 2
+    return sorted(ks)
+
+
+def measure_contention(model_name, batch, points, seconds=12.0, timeout=300.0, threads=1) -> dict:
+    """{k: slowdown} of the model's synchronized compute step with k processes on this node against one
+    (`contention_probe.py` under mpiexec at each k)."""
+    from pydtnn.parallel import mpirun
+    probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "contention_probe.py")
+    env = _threads_env(threads)
+    step = {}
+    for k in points:
+        cmd = mpirun.mpi_command(k, probe, [model_name, str(batch), f"{seconds / len(points):.3f}"])
+        out = _run(cmd, timeout, env, f"the contention probe ({k} processes)")
+        step[k] = json.loads(out.stdout.strip().splitlines()[-1])["step_s"]
+    return {k: step[k] / step[points[0]] for k in points}
 
 
 def _run(cmd, timeout, env, what):
@@ -111,10 +145,10 @@ def _run(cmd, timeout, env, what):
     return out
 
 
-def measure_step_overhead(model_name, batches=(8, 64), steps=20, dataset=None, timeout=300.0):
+def measure_step_overhead(model_name, batches=(8, 64), steps=20, dataset=None, timeout=300.0, threads=1):
     """The launcher's own per-step cost outside forward, backward and the reduction (taking the batch,
     targets, metrics, the per-step stats, the optimizer): one-rank launcher runs with --tracing, the
-    median step period (from one step's first layer event to the next's) minus the median compute (its layer
+    mean step period (from one step's first layer event to the next's) minus the mean compute (its layer
     events, `trace_profile.step_computes`), at two
     local batches. Returns (o0, o1): overhead = o0 + o1 * b seconds per step."""
     from pydtnn.parallel import mpirun
@@ -123,7 +157,7 @@ def measure_step_overhead(model_name, batches=(8, 64), steps=20, dataset=None, t
                             "scripts", "pydtnn_benchmark.py")
     if not os.path.isfile(launcher):
         raise ConfigError(f"no launcher at {launcher} (run calibrate from a source checkout, or --overhead false)")
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    env = _threads_env(threads)
     points = []
     with tempfile.TemporaryDirectory() as tmp:
         for b in batches:
@@ -131,45 +165,68 @@ def measure_step_overhead(model_name, batches=(8, 64), steps=20, dataset=None, t
             cmd = mpirun.mpi_command(1, launcher, [])
             cmd += ["--model", model_name, "--dataset", "synthetic", "--synthetic_samples", str(b * steps),
                     "--parallel", "data", "--global_batch_size", str(b), "--steps_per_epoch", str(steps),
-                    "--num_epochs", "1", "--threads_per_replica", "1", "--lr_schedulers", "", "--progress_bar",
+                    "--num_epochs", "1", "--threads_per_replica", str(threads), "--lr_schedulers", "", "--progress_bar",
                     "false", "--tracing", "true", "--tracer_output", trace, "--trace_steps", f"1:{steps}",
                     "--seed", "0"]
             _run(cmd, timeout, env, "the launcher run of the overhead probe")
             with open(trace) as f:
                 events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
             starts, durs = (np.array(v) for v in zip(*step_computes(events)))
-            period = np.median(np.diff(starts[1:]))               # the first step pays for warm-up
-            points.append((b, max(0.0, float(period - np.median(durs[1:])))))
+            period = np.mean(np.diff(starts[1:]))                 # the first step pays for warm-up
+            points.append((b, max(0.0, float(period - np.mean(durs[1:-1])))))
     (b0, t0), (b1, t1) = points
     slope = max(0.0, (t1 - t0) / (b1 - b0))
     return max(0.0, t0 - slope * b0), slope
 
 
 def calibrate(model_name, batch_points=DEFAULT_BATCH_POINTS, layer_seconds=30.0, network_seconds=20.0,
-              nprocs=2, measure_net=True, dtype="float32", log=print, overhead=True) -> Profile:
+              nprocs=2, measure_net=True, dtype="float32", log=print, overhead=True, contention=True,
+              contention_seconds=12.0, threads=1) -> Profile:
+    """The profile of one replica running ``threads`` threads (the launcher's --threads_per_replica)."""
+    from threadpoolctl import threadpool_limits
+    from pydtnn.parallel.threads import usable_cores
+    cores = len(usable_cores())
     model = model_table.build(model_name, dtype=dtype)
     info = model_table.describe(model)
     log(f"calibrate: {model_name}, {len(info)} layers, batch points {list(batch_points)} (~{layer_seconds:.0f} s)")
-    fwd, bwd, update = measure_layers(model, batch_points, layer_seconds)
+    with threadpool_limits(threads):
+        fwd, bwd, update = measure_layers(model, batch_points, layer_seconds)
     extra = {}
+    over = None
     if measure_net:
-        log(f"calibrate: ping-pong and Allreduce sweeps 4 KB .. 64 MB on {nprocs} processes (~{network_seconds:.0f} s)")
-        sweep = measure_network(nprocs, network_seconds)
-        net = network_fit.fit(sweep["sizes"], sweep["pingpong_s"], sweep["allreduce_s"], sweep["processes"])
-        extra["network_sweep"] = sweep
+        slots = max(1, cores // threads)          # replicas this node holds before they outnumber its cores
+        counts = [nprocs] + ([slots + 1] if contention and slots + 1 != nprocs else [])
+        nets = []
+        for n in counts:
+            log(f"calibrate: ping-pong and Allreduce sweeps 4 KB .. 64 MB on {n} processes "
+                f"(~{network_seconds / len(counts):.0f} s)")
+            sweep = measure_network(n, network_seconds / len(counts))
+            nets.append(network_fit.fit(sweep["sizes"], sweep["pingpong_s"], sweep["allreduce_s"], sweep["processes"]))
+            extra["network_sweep" if n == nprocs else "network_sweep_oversubscribed"] = sweep
+        net = nets[0]
+        over = nets[1] if len(nets) > 1 else None              # counts[1] is slots + 1: oversubscribed
     else:
         net = Network(0.0, 0.0, 0.0)
+    factors = {}
+    if contention:
+        batch = min(batch_points, key=lambda b: abs(b - 32))
+        points = contention_points(max(1, cores // threads))
+        log(f"calibrate: contention of {points} processes x {threads} thread(s) on this node's {cores} cores, b={batch} "
+            f"(~{contention_seconds:.0f} s)")
+        factors = measure_contention(model_name, batch, points, contention_seconds, threads=threads)
     if overhead:
         log("calibrate: the launcher's per-step overhead (two one-rank launcher runs with --tracing)")
-        o0, o1 = measure_step_overhead(model_name)
+        o0, o1 = measure_step_overhead(model_name, threads=threads)
         step_overhead = (max(0.0, o0 - update), o1)        # the launcher's step period holds the update too
     else:
         step_overhead = (0.0, 0.0)
     return Profile(model=model_name, batch_points=list(batch_points), layer_names=[r.name for r in info],
                    layer_types=[r.type for r in info], param_bytes=np.array([r.param_bytes for r in info]),
                    bn_channels=np.array([r.bn_channels for r in info]), forward_s=fwd, backward_s=bwd,
-                   network=net, update_s=update, step_overhead_s=step_overhead, dtype_bytes=model.dtype.itemsize, source="measured",
-                   device=f"{platform.machine()} cpu, {os.cpu_count()} cores, {platform.node()}", extra=extra)
+                   network=net, update_s=update, step_overhead_s=step_overhead, dtype_bytes=model.dtype.itemsize,
+                   source="measured", device=f"{platform.machine()} cpu, {cores} cores, {platform.node()}",
+                   cores=cores, threads_per_replica=int(threads), contention=factors,
+                   network_oversubscribed=over, extra=extra)
 
 
 if __name__ == "__main__":      # pragma: no cover - manual use

@@ -96,15 +96,32 @@ def _check(sc: Scenario):
 
 
 def _model(sc, sizes, collective, emulate):
-    return StepModel(sc.profiles, sizes, collective, non_blocking=sc.non_blocking, sync_bn=sc.sync_bn,
-                     bucket_bytes=sc.bucket_bytes, emulate=emulate)
+    per_node = sc.replicas // sc.nodes
+    busy = np.full(sc.replicas, 1.0)          # ranks at work on each node, counted by the share of the step
+    for _ in range(2):
+        on_node = busy.reshape(sc.nodes, per_node).sum(axis=1).repeat(per_node)
+        contention = [p.contention_factor(k) for p, k in zip(sc.profiles, on_node)]
+        model = StepModel(sc.profiles, sizes, collective, non_blocking=sc.non_blocking, sync_bn=sc.sync_bn,
+                          bucket_bytes=sc.bucket_bytes, emulate=emulate, contention=contention)
+        slots = sc.profiles[0].replica_slots
+        if model.emulate is None or not slots or per_node <= slots:
+            break
+        # ranks outnumber the cores: the launcher's emulator then sleeps to its deadline (it spins when
+        # every rank has its cores), leaving its core to the others for that part of the step
+        busy = model.compute_alone / np.maximum(model.compute_alone, model.emulate)
+    return model
+
+
+def _collective(sc):
+    first = sc.profiles[0]
+    return Collective(resolve_algorithm(sc.algorithm), sc.replicas, first.network_for(sc.replicas // sc.nodes),
+                      first.network_inter, sc.nodes)
 
 
 def simulate(sc: Scenario) -> Result:
     _check(sc)
     P = sc.replicas
-    first = sc.profiles[0]
-    collective = Collective(resolve_algorithm(sc.algorithm), P, first.network, first.network_inter, sc.nodes)
+    collective = _collective(sc)
     emulate = None
     if sc.speed_factors is not None:
         f = np.asarray(sc.speed_factors, dtype=np.float64)
@@ -147,8 +164,7 @@ def best_partition(sc: Scenario, iterations: int = 20):
     the best split seen). Returns (sizes, step seconds)."""
     _check(sc)
     P = sc.replicas
-    first = sc.profiles[0]
-    collective = Collective(resolve_algorithm(sc.algorithm), P, first.network, first.network_inter, sc.nodes)
+    collective = _collective(sc)
     emulate = None if sc.speed_factors is None else (max(sc.speed_factors) / np.asarray(sc.speed_factors, float))
     ones = np.ones(P)
     sizes = balance.partition(sc.global_batch, [1.0] * P)

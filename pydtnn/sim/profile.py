@@ -7,12 +7,21 @@
      "update_s": 0.0004,                                              # optimizer step, once per step
      "step_overhead_s": [o0, o1],                                     # launcher's other work: o0 + o1 * b
      "network": {"alpha": 2e-6, "beta": 1e-10, "gamma": 2e-10},       # s, s/byte, s/byte
-     "network_inter": {...}}                                          # optional: between nodes
+     "network_inter": {...},                                          # optional: between nodes
+     "cores": 2, "threads_per_replica": 1,                            # optional: cores of one node, of a replica
+     "contention": {"1": 1.0, "2": 1.1, "3": 2.5},                    # optional: k processes on a node
+     "network_oversubscribed": {...}}                                 # optional: more ranks than cores
 
 A layer's time is a function of the local batch b (FuPerMod's functional performance model: the speed
 depends on b), here piecewise linear through the measured points, extended along the last (first)
 segment beyond them and never below zero. Layers are in forward order; "param_bytes" places each
 layer's gradients in the flat buffer, which the bucketed reduction cuts from the end.
+
+"contention" says how much k busy processes on one node slow each one's compute (shared caches and memory
+bandwidth up to the cores; time-slicing beyond them): a factor on every replica's local work when k ranks
+share its node. "network_oversubscribed" is alpha, beta, gamma measured with more processes than cores,
+used when ranks outnumber a node's cores. Both are measured by `calibrate`; a hand-written profile may
+leave them out (no contention, one network).
 """
 from __future__ import annotations
 
@@ -66,7 +75,38 @@ class Profile:
     dtype_bytes: int = 4
     source: str = "hand"
     device: str = ""
+    cores: int = 0                     # cores of one node; 0: unknown
+    threads_per_replica: int = 1       # threads each replica ran with when the times were measured
+    contention: dict = field(default_factory=dict)      # {k processes on a node: compute slowdown}
+    network_oversubscribed: Network | None = None
     extra: dict = field(default_factory=dict)
+
+    def contention_factor(self, k: int) -> float:
+        """Slowdown of one replica's local work when k ranks share its node: the measured factors,
+        linear between measured k; beyond the largest measured k, constant while k fits the cores and
+        growing as k / k_max once they are outnumbered (time-slicing shares them out). 1 when unmeasured."""
+        if not self.contention:
+            return 1.0
+        ks = np.array(sorted(self.contention), dtype=np.float64)
+        fs = np.array([self.contention[int(x)] for x in ks])
+        if k <= ks[-1]:
+            return float(np.interp(k, ks, fs))
+        slots = self.replica_slots
+        if slots and k > slots:
+            return float(fs[-1] * k / max(ks[-1], slots))
+        return float(fs[-1])
+
+    @property
+    def replica_slots(self) -> int:
+        """Replicas one node holds before they outnumber its cores (0: unknown)."""
+        return self.cores // max(1, self.threads_per_replica)
+
+    def network_for(self, ranks_per_node: int) -> Network:
+        """The network of a node holding ranks_per_node ranks: the oversubscribed one when they outnumber
+        its cores and it was measured."""
+        if self.network_oversubscribed is not None and self.cores and ranks_per_node > self.replica_slots:
+            return self.network_oversubscribed
+        return self.network
 
     # --- the functional model ----------------------------------------------------------------------
     def layer_seconds(self, batch) -> tuple[np.ndarray, np.ndarray]:
@@ -97,6 +137,13 @@ class Profile:
              "network": vars(self.network).copy()}
         if self.network_inter is not None:
             d["network_inter"] = vars(self.network_inter).copy()
+        if self.cores:
+            d["cores"] = int(self.cores)
+        d["threads_per_replica"] = int(self.threads_per_replica)
+        if self.contention:
+            d["contention"] = {str(k): float(v) for k, v in sorted(self.contention.items())}
+        if self.network_oversubscribed is not None:
+            d["network_oversubscribed"] = vars(self.network_oversubscribed).copy()
         d.update(self.extra)
         return d
 
@@ -137,16 +184,30 @@ class Profile:
             overhead = ()
         if len(overhead) != 2 or min(overhead) < 0:
             raise ConfigError(f"{where}: step_overhead_s must be two numbers >= 0 (o0, o1: o0 + o1 * b seconds)")
+        contention = d.get("contention", {})
+        try:
+            contention = {int(k): float(v) for k, v in contention.items()}
+            cores = int(d.get("cores", 0))
+            threads = int(d.get("threads_per_replica", 1))
+        except (AttributeError, TypeError, ValueError):
+            raise ConfigError(f"{where}: contention must map process counts to factors, cores a number") from None
+        if any(k < 1 or not (math.isfinite(v) and v > 0) for k, v in contention.items()) or cores < 0 or threads < 1:
+            raise ConfigError(f"{where}: contention factors must be > 0 for process counts >= 1, cores >= 0, "
+                              f"threads_per_replica >= 1")
+        over = d.get("network_oversubscribed")
         known = {"format", "model", "source", "device", "dtype_bytes", "batch_points", "layers", "update_s",
-                 "step_overhead_s",
-                 "network", "network_inter"}
+                 "step_overhead_s", "network", "network_inter", "cores", "threads_per_replica", "contention",
+                 "network_oversubscribed"}
         return cls(model=str(d.get("model", "")), batch_points=points, layer_names=names, layer_types=types,
                    param_bytes=pbytes, bn_channels=bn, forward_s=fwd, backward_s=bwd,
                    network=Network.from_dict(d.get("network"), f"{where}: network"),
                    update_s=float(d.get("update_s", 0.0)), step_overhead_s=overhead,
                    network_inter=None if inter is None else Network.from_dict(inter, f"{where}: network_inter"),
                    dtype_bytes=int(d.get("dtype_bytes", 4)), source=str(d.get("source", "hand")),
-                   device=str(d.get("device", "")), extra={k: v for k, v in d.items() if k not in known})
+                   device=str(d.get("device", "")), cores=cores, threads_per_replica=threads, contention=contention,
+                   network_oversubscribed=None if over is None else Network.from_dict(
+                       over, f"{where}: network_oversubscribed"),
+                   extra={k: v for k, v in d.items() if k not in known})
 
 
 def read_json(path: str, flag: str):

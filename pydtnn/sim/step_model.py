@@ -8,12 +8,19 @@ variability factor of that replica (noise, stragglers, its speed factor).
 - Non-blocking (the trainer's `BucketedReducer`): the buffer is cut from its end into buckets of
   ``bucket_bytes``; bucket k can start once every replica has finished the backward of the lowest layer
   it covers; buckets go one after the other on the network: c_k = max(c_{k-1}, ready_k) + T(bucket_k).
+  That is across nodes. Within one node MPI moves the buckets through shared memory with the ranks' own
+  cores, inside their MPI calls, so a bucket cannot move while its rank computes: on one node the
+  buckets follow the slowest backward one after the other (measured: overlap gains nothing here, see
+  docs/simulation.md).
 - ``--sync_batchnorm``: every BatchNormalization layer reduces its statistics across replicas in forward
   (2C + 1 numbers) and in backward (2C): each is a barrier (the slowest replica sets the pace between
   two of them) plus a small, latency-bound allreduce.
 - ``--speed_factors`` with the launcher's ``--emulate_speeds`` meaning: a replica of factor f computes as
   always, then waits until b_i * t_ref / (f / max f), t_ref the per-sample compute time of the full-speed
   replicas (the emulator's deadline).
+
+- ``contention``: each replica's slowdown from the other ranks on its node (the profile's contention
+  factor at that node's rank count), on all of its local work: compute, the per-step overhead, the update.
 
 The launcher's other per-step work (taking the batch, targets, metrics: the profile's step_overhead_s,
 o0 + o1 * b_i) delays each replica's arrival at the reduction; the trainer's per-step stats allreduce
@@ -38,6 +45,7 @@ class Collective:
         self.algorithm, self.P, self.nodes = algorithm, int(P), int(nodes)
         self.intra = network.as_tuple()
         self.inter = (network_inter or network).as_tuple()
+        self.overlaps_compute = self.nodes > 1          # shared-memory transfers need the ranks' cores
 
     def __call__(self, nbytes):
         if self.algorithm == "hierarchical":
@@ -50,22 +58,25 @@ class StepModel:
     """Built once per split (sizes); `step(factors)` simulates one step for per-replica factors (P,)."""
 
     def __init__(self, profiles, sizes, collective: Collective, *, non_blocking=False, sync_bn=False,
-                 bucket_bytes=1 << 20, emulate=None, update_s=None):
+                 bucket_bytes=1 << 20, emulate=None, update_s=None, contention=None):
         self.sizes = np.asarray(sizes, dtype=np.float64)
         P = self.sizes.size
+        slow = np.ones(P) if contention is None else np.asarray(contention, dtype=np.float64)
         first = profiles[0]
         L = len(first.layer_names)
         fwd, bwd = np.zeros((P, L)), np.zeros((P, L))
         for prof in {id(p): p for p in profiles}.values():
             rows = np.array([i for i, p in enumerate(profiles) if p is prof])
             fwd[rows], bwd[rows] = prof.layer_seconds(self.sizes[rows])
-        self.update_s = first.update_s if update_s is None else update_s
+        fwd *= slow[:, None]
+        bwd *= slow[:, None]
+        self.update_s = (first.update_s if update_s is None else update_s) * float(slow.max())
         # the launcher's per-step work besides compute and reduction (batch, targets, metrics), per replica
         self.pre = np.zeros(P)
         for prof in {id(p): p for p in profiles}.values():
             rows = np.array([i for i, p in enumerate(profiles) if p is prof])
             o0, o1 = prof.step_overhead_s
-            self.pre[rows] = o0 + o1 * self.sizes[rows]
+            self.pre[rows] = (o0 + o1 * self.sizes[rows]) * slow[rows]
         # execution units: forward 0..L-1, then backward L-1..0; cumulative seconds at the end of each
         units = np.concatenate([fwd, bwd[:, ::-1]], axis=1)                    # (P, 2L)
         cum = np.cumsum(units, axis=1)
@@ -132,7 +143,9 @@ class StepModel:
             end = np.maximum(end, self.emulate * f)
         busy = end + self.pre
         last = float(busy.max())
-        if self.non_blocking:
+        if self.non_blocking and not self.collective.overlaps_compute:
+            reduced = last + float(self.bucket_s.sum())
+        elif self.non_blocking:
             c = 0.0
             for r, t in zip(ready, self.bucket_s):
                 c = max(c, r) + t
