@@ -28,17 +28,19 @@ def _ulp32(r):
 
 @njit(cache=True)
 def _worst(x, cdf, y, dx, worst, where):
-    """worst[0..2] = max error of cdf, y (ulps) and dx (eps32 * terms); where[...] their x."""
+    """worst[0..3] = max error of cdf, y where Phi is normal, y where it is subnormal (ulps) and dx (eps32 * terms);
+    where[...] their x."""
     for i in range(x.size):
         v = float(x[i])
         if not math.isfinite(v):
             continue
         phi_ref = 0.5 * math.erfc(-v / math.sqrt(2.0))
         pdf = math.exp(-0.5 * v * v) / math.sqrt(2.0 * math.pi)
-        errs = (abs(cdf[i] - phi_ref) / _ulp32(phi_ref),
-                abs(y[i] - v * phi_ref) / _ulp32(v * phi_ref),
+        ey = abs(y[i] - v * phi_ref) / _ulp32(v * phi_ref)
+        normal = phi_ref >= 2.0 ** -126          # Phi normal (below, its own rounding is absolute)
+        errs = (abs(cdf[i] - phi_ref) / _ulp32(phi_ref), ey if normal else 0.0, 0.0 if normal else ey,
                 abs(dx[i] - (phi_ref + v * pdf)) / (_EPS32 * (phi_ref + abs(v * pdf)) + 2.0 ** -149))
-        for j in range(3):
+        for j in range(4):
             if errs[j] > worst[j]:
                 worst[j], where[j] = errs[j], v
 
@@ -47,7 +49,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stride", type=int, default=1, help="check every stride-th float32 bit pattern")
     args = ap.parse_args()
-    worst, where = np.zeros(3), np.zeros(3)
+    worst, where = np.zeros(4), np.zeros(4)
     chunk = 1 << 24
     for start in range(0, 1 << 32, chunk):
         x = np.arange(start, start + chunk, args.stride, dtype=np.uint64).astype(np.uint32).view(np.float32)
@@ -55,8 +57,10 @@ def main():
         krows.gelu32_fwd(0, 1, x, y, cdf, x.size)
         krows.gelu32_bwd(0, 1, np.ones_like(x), x, cdf, dx, x.size)
         _worst(x, cdf, y, dx, worst, where)
-    for name, w, v in zip(("Phi(x) [ulp]", "x Phi(x) [ulp]", "Phi + x phi [eps32 * terms]"), worst, where):
-        print(f"{name:28s} max error {w:.3f} at x = {v!r}")
+    names = ("Phi(x) [ulp]", "x Phi(x), Phi normal [ulp]", "x Phi(x), Phi subnormal [ulp]",
+             "Phi + x phi [eps32 * terms]")
+    for name, w, v in zip(names, worst, where):
+        print(f"{name:36s} max error {w:.3f} at x = {v!r}")
     special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32)
     cdf, y = np.empty_like(special), np.empty_like(special)
     krows.gelu32_fwd(0, 1, special, y, cdf, special.size)
