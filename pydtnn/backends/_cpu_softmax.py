@@ -34,7 +34,7 @@ def softmax_rows(t, nt, s, rows, length, causal):
         total = 0.0
         for j in range(valid):
             # exp(s - m) through `exp_neg` (arithmetic only, so this loop vectorizes; libm's exp ran 20 ns an
-            # element), float64 inside: as accurate as libm's for float32 and float64 rows
+            # element), float64 inside: relative error ~ (u + 1) eps64, far below float32's rounding
             u = float(m) - float(s[base + j])
             e = 0.0 if u > _EXP_UNDERFLOW else exp_neg(u)
             s[base + j] = e
