@@ -266,7 +266,7 @@ class Model:
     # --- training: the launcher's loop (pydtnn.trainer.Trainer) on arrays ------------------------------
     def fit(self, x, y=None, *, epochs=1, batch_size=64, optimizer=None, loss="categorical_cross_entropy",
             metrics=("categorical_accuracy",), validation_data=None, shuffle=True, verbose=False,
-            callbacks=(), clip_grad_norm=0.0):
+            callbacks=(), clip_grad_norm=0.0, comm=None):
         """Train with the launcher's training loop (`pydtnn.trainer.Trainer`) on host arrays x (N, ...) and y
         (one-hot (N, K), integer labels, or float targets), or on a `pydtnn.datasets.Dataset` given as x (its
         `val` split is the validation data). Returns a Keras-like history dict of lists: loss, each metric,
@@ -276,6 +276,9 @@ class Model:
         `pydtnn.schedulers` are ones); the `trainer` they get is the Trainer (`model`, `optimizer`,
         `steps_per_epoch`, `stop_training`, `log`, `save_checkpoint`). `clip_grad_norm` > 0 clips the
         gradient to that global L2 norm before each step. Memory-mapped arrays are read a batch at a time.
+        `comm` (a pydtnn communicator, e.g. `pydtnn.parallel.comm.make_comm("auto")` under mpiexec): train data
+        parallel, every rank calling fit with the same arrays; batch_size is the global batch, split equally,
+        gradients weighted by each replica's share (for another split or a policy: `pydtnn.parallel.DataParallel`).
         """
         from pydtnn.clipping import check_max_norm
         from pydtnn.datasets import Dataset
@@ -301,7 +304,7 @@ class Model:
                            train=self._array_split(x, y, "train", shuffle), val=val)
         trainer = Trainer(self, data, optimizer or SGD(), loss=loss, metrics=metrics, global_batch=batch_size,
                           seed=self.seed, progress=False, eval_batch_size=batch_size, callbacks=callbacks,
-                          log=print if verbose else (lambda msg: None), clip_grad_norm=clip_grad_norm)
+                          log=print if verbose else (lambda msg: None), clip_grad_norm=clip_grad_norm, comm=comm)
         rows = trainer.fit(epochs)
         keys = ["loss", *metrics] + ([f"val_{k}" for k in ["loss", *metrics]] if data.val is not None else [])
         return {k: [row[k] for row in rows] for k in keys}

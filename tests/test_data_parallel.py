@@ -60,6 +60,29 @@ def test_the_documented_user_loop_equals_one_process():
     assert r["rel_diff"] < 1e-12 and r["loss_diff"] < 1e-12, r
 
 
+def test_user_loop_hands_the_policy_compute_without_the_sync_batchnorm_waits():
+    """DataParallel.train_step with sync_batchnorm in virtual time: b = 16 and 48, 10 ms a sample; the small
+    replica waits 320 ms at the BatchNorm reductions inside its pass, which must count as wait."""
+    cost = 0.01
+    r = _result(run_mpi(2, "dp_sync_bn_timing.py", timeout=180, env={"VIRTUAL_COST_S": str(cost)}))
+    # on the virtual clock a pass is exactly b * cost; everything else is 1e-7 s per clock reading (a few
+    # hundred a step: < 1e-4 s against 0.16 s), so 1% bounds it. Counting the wait as compute reads 3x.
+    for per_sample in r["seconds_per_sample"]:
+        assert per_sample == pytest.approx([cost, cost], rel=0.01), r
+    (_, _, _, compute0, wait0), (_, _, _, compute1, _) = r["totals"]
+    assert compute0 == pytest.approx(3 * 16 * cost, rel=0.01) and compute1 == pytest.approx(3 * 48 * cost, rel=0.01)
+    assert wait0 == pytest.approx(3 * 32 * cost, rel=0.01), r
+
+
+def test_model_fit_with_a_communicator_equals_one_process():
+    """Model.fit(comm=make_comm("auto")) under mpiexec -n 2: equal halves of each global batch of 12, the
+    launcher's loop; the weights and the epoch losses of one process on the same batches (float64)."""
+    r = _result(run_mpi(2, "fit_with_comm.py", timeout=180))
+    assert r["ranks"] == 2 and r["agree"] and r["splits"] == [[2, [6, 6]]] * 8     # 2 epochs of 4 steps
+    # rounding only: per step, sums of <= 12 float64 terms (eps 1.1e-16 x 12) and a 2-term allreduce, 8 steps
+    assert r["rel_diff"] < 1e-12 and r["loss_diff"] < 1e-12, r
+
+
 def test_uniform_weighting_breaks_the_invariant():
     r = _result(run_mpi(3, "invariant.py", ["uniform", "1,2,3", 60, 4], timeout=180))
     assert r["sizes"] == [10, 20, 30]

@@ -115,3 +115,13 @@ def test_contention_fields_round_trip_and_are_checked(tmp_path):
 def test_contention_points_reach_one_past_the_slots(slots, points):
     from pydtnn.sim.calibrate import contention_points
     assert contention_points(slots) == points
+
+
+def test_contention_rounds_divide_by_their_own_reference():
+    """The machine slows by 1.5x between two rounds: each round's factors are against that round's k = 1,
+    so the drift cancels (one reference for both rounds would read 0.67x and 1.5x)."""
+    from pydtnn.sim.calibrate import measure_contention
+    speed = iter([1.0, 1.0, 1.0, 1.5, 1.5, 1.5])
+    true = {1: 1.0, 2: 1.2, 3: 2.4}
+    got = measure_contention("m", 32, [1, 2, 3], probe=lambda k, budget: 0.01 * true[k] * next(speed))
+    assert got == pytest.approx(true, rel=1e-12)

@@ -13,7 +13,6 @@ replica's compute seconds per sample, which may change `sizes` (checked before i
 """
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
@@ -27,6 +26,7 @@ from pydtnn.parallel.comm import BucketedReducer, make_comm
 from pydtnn.parallel.policies import make_policy
 from pydtnn.parallel.sync_batchnorm import BatchNormSync
 from pydtnn.parallel.weighting import make_weighting
+from pydtnn.trace import StepTimer
 
 
 class DataParallel:
@@ -37,7 +37,8 @@ class DataParallel:
         processes, else one process); `sizes` or `policy` (a BalancePolicy or a --balance name) give the
         split; `weighting`: "proportional", "uniform" or a function weights(sizes) -> list of w_i; `caps`:
         the most samples each replica may hold (--max_local_batch); `timer`: a pydtnn.trace.StepTimer that counts
-        the synchronized BatchNorm's reductions as wait."""
+        the synchronized BatchNorm's reductions as wait (default: one of its own, which `train_step` reads,
+        so the seconds it hands the policy are compute without those waits)."""
         self.model, self.optimizer = model, optimizer
         self.comm = comm if comm is not None else make_comm("auto")
         self.rank, self.nreplicas = self.comm.rank, self.comm.size
@@ -55,7 +56,8 @@ class DataParallel:
         self.reducer = BucketedReducer(self.comm, model.grads) if non_blocking and self.nreplicas > 1 else None
         # sync_batchnorm: BatchNorm layers use the global batch's statistics (one process: nothing to sync)
         self.sync_batchnorm = bool(sync_batchnorm) and self.nreplicas > 1
-        self._bn_sync = BatchNormSync(self.comm, timer=timer) if self.sync_batchnorm else None
+        self.timer = timer if timer is not None else StepTimer()
+        self._bn_sync = BatchNormSync(self.comm, timer=self.timer) if self.sync_batchnorm else None
         self.sync_batchnorm_layers(True)
         self.steps = 0
         # replicas start from the same weights and running statistics (rank 0's)
@@ -125,15 +127,18 @@ class DataParallel:
             raise ShapeError(f"rank {self.rank} holds {b_i} samples of the split {self.sizes}, got {len(x_local)} "
                              f"inputs and {len(y_local)} targets (use dp.local_slice)")
         y = self.model.backend.asarray(as_targets(y_local, self.model.output_shape[-1], self.model.dtype))
-        t0 = time.perf_counter()
-        value, _ = self.local_gradients(x_local, y, self.weight(self.sizes))
-        seconds = time.perf_counter() - t0
-        self.reduce()
+        self.timer.start_step(b_i)
+        with self.timer.compute(None):               # its sync-BN reductions count as wait, not compute
+            value, _ = self.local_gradients(x_local, y, self.weight(self.sizes))
+        seconds = self.timer.step_compute_s
+        with self.timer.wait():
+            self.reduce()
         self.update()
         stats = np.zeros(1 + self.nreplicas)     # the b_i-weighted loss and every replica's seconds per sample
         stats[0] = float(value) * b_i / self.global_batch
         stats[1 + self.rank] = seconds / b_i
         self.comm.allreduce_sum_(stats)
+        self.timer.end_step()                    # dp.timer.stats: this replica's compute and wait so far
         self.after_step(self.steps, stats[1:])
         self.steps += 1
         return float(stats[0])

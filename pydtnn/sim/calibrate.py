@@ -119,18 +119,30 @@ def contention_points(slots: int) -> list:
     return sorted(ks)
 
 
-def measure_contention(model_name, batch, points, seconds=12.0, timeout=300.0, threads=1) -> dict:
+def measure_contention(model_name, batch, points, seconds=12.0, timeout=300.0, threads=1, rounds=2,
+                       probe=None) -> dict:
     """{k: slowdown} of the model's synchronized compute step with k processes on this node against one
-    (`contention_probe.py` under mpiexec at each k)."""
-    from pydtnn.parallel import mpirun
-    probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "contention_probe.py")
-    env = _threads_env(threads)
-    step = {}
-    for k in points:
-        cmd = mpirun.mpi_command(k, probe, [model_name, str(batch), f"{seconds / len(points):.3f}"])
-        out = _run(cmd, timeout, env, f"the contention probe ({k} processes)")
-        step[k] = json.loads(out.stdout.strip().splitlines()[-1])["step_s"]
-    return {k: step[k] / step[points[0]] for k in points}
+    (`contention_probe.py` under mpiexec at each k), in alternating rounds (1, 2, ..., 1, 2, ...): this
+    machine's speed drifts over a minute, so each round's k is divided by the same round's one process,
+    and the factor is the median over rounds. ``probe(k, budget) -> step seconds`` replaces the mpiexec
+    run (tests)."""
+    from statistics import median
+    if probe is None:
+        from pydtnn.parallel import mpirun
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "contention_probe.py")
+        env = _threads_env(threads)
+
+        def probe(k, budget):
+            cmd = mpirun.mpi_command(k, script, [model_name, str(batch), f"{budget:.3f}"])
+            out = _run(cmd, timeout, env, f"the contention probe ({k} processes)")
+            return json.loads(out.stdout.strip().splitlines()[-1])["step_s"]
+    budget = seconds / (rounds * len(points))
+    ratios = {k: [] for k in points}
+    for _ in range(rounds):
+        step = {k: probe(k, budget) for k in points}
+        for k in points:
+            ratios[k].append(step[k] / step[points[0]])
+    return {k: float(median(r)) for k, r in ratios.items()}
 
 
 def _run(cmd, timeout, env, what):

@@ -39,7 +39,7 @@ def main(model_name, batch, budget):
             model.compute_gradients(x, y, "categorical_cross_entropy")
             comm.Barrier()
         periods.append((time.perf_counter() - t0) / block)
-        more = len(periods) < 9 or (time.perf_counter() - t_start < budget and len(periods) < 100)
+        more = len(periods) < 5 or (time.perf_counter() - t_start < budget and len(periods) < 100)
         if not comm.bcast(more, root=0):
             break
     if comm.Get_rank() == 0:

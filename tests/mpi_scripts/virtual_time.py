@@ -1,6 +1,7 @@
 """The launcher in virtual time: timing results that cannot depend on the machine's speed or load.
 
     VIRTUAL_COST_S=c python virtual_time.py <launcher flags>      (under mpiexec, one per rank)
+    import virtual_time                                            (a script's own loop, on this clock)
 
 Each process gets a virtual clock in place of time.perf_counter / time.sleep in pydtnn's own modules
 (the step timer, the timeline, the speed probe, the speed emulation; libraries keep the real clock).
@@ -81,4 +82,6 @@ emulator_init = emulation.SpeedEmulator.__init__
 emulation.SpeedEmulator.__init__ = sleeping_emulator
 Model.compute_gradients = timed_compute
 MPIComm.allreduce_sum_ = meeting_allreduce
-sys.exit(cli.main(sys.argv[1:]))
+
+if __name__ == "__main__":           # imported (another script's virtual clock): the patches only
+    sys.exit(cli.main(sys.argv[1:]))
