@@ -97,19 +97,23 @@ def _check(sc: Scenario):
 
 def _model(sc, sizes, collective, emulate):
     per_node = sc.replicas // sc.nodes
-    busy = np.full(sc.replicas, 1.0)          # ranks at work on each node, counted by the share of the step
-    for _ in range(2):
-        on_node = busy.reshape(sc.nodes, per_node).sum(axis=1).repeat(per_node)
-        contention = [p.contention_factor(k) for p, k in zip(sc.profiles, on_node)]
-        model = StepModel(sc.profiles, sizes, collective, non_blocking=sc.non_blocking, sync_bn=sc.sync_bn,
-                          bucket_bytes=sc.bucket_bytes, emulate=emulate, contention=contention)
-        slots = sc.profiles[0].replica_slots
-        if model.emulate is None or not slots or per_node <= slots:
-            break
+    model = _step_model(sc, sizes, collective, emulate, np.full(sc.replicas, float(per_node)))
+    slots = sc.profiles[0].replica_slots
+    if model.emulate is not None and slots and per_node > slots:
         # ranks outnumber the cores: the launcher's emulator then sleeps to its deadline (it spins when
-        # every rank has its cores), leaving its core to the others for that part of the step
+        # every rank has its cores), leaving its core to the others for that part of the step; so a node's
+        # ranks at work are counted by the share of the step each works
         busy = model.compute_alone / np.maximum(model.compute_alone, model.emulate)
+        model = _step_model(sc, sizes, collective, emulate,
+                            busy.reshape(sc.nodes, per_node).sum(axis=1).repeat(per_node))
     return model
+
+
+def _step_model(sc, sizes, collective, emulate, ranks_at_work):
+    """The step model with every replica's contention factor at its node's count of ranks at work."""
+    contention = [p.contention_factor(k) for p, k in zip(sc.profiles, ranks_at_work)]
+    return StepModel(sc.profiles, sizes, collective, non_blocking=sc.non_blocking, sync_bn=sc.sync_bn,
+                     bucket_bytes=sc.bucket_bytes, emulate=emulate, contention=contention)
 
 
 def _collective(sc):
