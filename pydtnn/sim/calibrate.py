@@ -20,13 +20,14 @@ import time
 import numpy as np
 
 from pydtnn.errors import ConfigError
+from pydtnn.parallel.threads import THREAD_VARS, usable_cores
 from pydtnn.sim import model_table, network_fit
 from pydtnn.sim.profile import Network, Profile
 
 __all__ = ["measure_layers", "measure_network", "measure_contention", "contention_points", "calibrate"]
 
 DEFAULT_BATCH_POINTS = (1, 8, 32, 128)
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+_THREAD_VARS = (*THREAD_VARS, "NUMBA_NUM_THREADS")
 
 
 def _threads_env(n: int) -> dict:
@@ -196,8 +197,8 @@ def calibrate(model_name, batch_points=DEFAULT_BATCH_POINTS, layer_seconds=30.0,
               contention_seconds=12.0, threads=1) -> Profile:
     """The profile of one replica running ``threads`` threads (the launcher's --threads_per_replica)."""
     from threadpoolctl import threadpool_limits
-    from pydtnn.parallel.threads import usable_cores
     cores = len(usable_cores())
+    slots = max(1, cores // threads)              # replicas this node holds before they outnumber its cores
     model = model_table.build(model_name, dtype=dtype)
     info = model_table.describe(model)
     log(f"calibrate: {model_name}, {len(info)} layers, batch points {list(batch_points)} (~{layer_seconds:.0f} s)")
@@ -206,7 +207,6 @@ def calibrate(model_name, batch_points=DEFAULT_BATCH_POINTS, layer_seconds=30.0,
     extra = {}
     over = None
     if measure_net:
-        slots = max(1, cores // threads)          # replicas this node holds before they outnumber its cores
         counts = [nprocs] + ([slots + 1] if contention and slots + 1 != nprocs else [])
         nets = []
         for n in counts:
@@ -222,7 +222,7 @@ def calibrate(model_name, batch_points=DEFAULT_BATCH_POINTS, layer_seconds=30.0,
     factors = {}
     if contention:
         batch = min(batch_points, key=lambda b: abs(b - 32))
-        points = contention_points(max(1, cores // threads))
+        points = contention_points(slots)
         log(f"calibrate: contention of {points} processes x {threads} thread(s) on this node's {cores} cores, b={batch} "
             f"(~{contention_seconds:.0f} s)")
         factors = measure_contention(model_name, batch, points, contention_seconds, threads=threads)
