@@ -69,11 +69,8 @@ def measure_layers(model, batch_points=DEFAULT_BATCH_POINTS, seconds=30.0, loss=
     per_point = seconds / K
     for k, b in enumerate(batch_points):
         # a few distinct batches in turn: the launcher's every step brings fresh data into the caches
-        xs = [rng.standard_normal((b,) + tuple(model.input_shape)).astype(model.dtype) for _ in range(4)]
-        if getattr(model.layers[0], "ids", False):
-            xs = [rng.integers(0, 2, size=x.shape) for x in xs]
-        y = np.zeros((b,) + tuple(model.output_shape), model.dtype)
-        y.reshape(b, -1)[:, 0] = 1.0
+        batches = [model_table.random_batch(model, b, rng) for _ in range(4)]
+        xs, y = [x for x, _ in batches], batches[0][1]
         runs_f, runs_b, t_start = [], [], time.perf_counter()
         model.compute_gradients(xs[0], y, loss)      # warm-up: allocations, compiled kernels
         while len(runs_f) < 4 or (time.perf_counter() - t_start < per_point and len(runs_f) < 200):

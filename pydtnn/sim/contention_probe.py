@@ -24,11 +24,7 @@ def main(model_name, batch, budget):
     comm = MPI.COMM_WORLD
     model = model_table.build(model_name)
     rng = np.random.default_rng(comm.Get_rank())
-    x = rng.standard_normal((batch,) + tuple(model.input_shape)).astype(model.dtype)
-    if getattr(model.layers[0], "ids", False):
-        x = rng.integers(0, 2, size=x.shape)
-    y = np.zeros((batch,) + tuple(model.output_shape), model.dtype)
-    y.reshape(batch, -1)[:, 0] = 1.0
+    x, y = model_table.random_batch(model, batch, rng)
     model.compute_gradients(x, y, "categorical_cross_entropy")          # warm-up: buffers, compiled kernels
     block = 4                     # steps per timed block: a time slice (ms) spans several small steps
     periods, t_start = [], time.perf_counter()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LayerInfo", "build", "describe"]
+__all__ = ["LayerInfo", "build", "describe", "random_batch"]
 
 
 @dataclass
@@ -31,6 +31,17 @@ def build(model_name: str, dtype: str = "float32", input_shape=None, nclasses=No
     build_model(model_name, model, nclasses=nclasses, input_shape=shape)
     model.forward(np.zeros((1,) + tuple(model.input_shape), model.dtype), training=False)   # packs the buffers
     return model
+
+
+def random_batch(model, b: int, rng):
+    """(x, y) of b samples to time a pass with: normal inputs (token ids for a model that embeds them) and
+    one-hot targets."""
+    x = rng.standard_normal((b,) + tuple(model.input_shape)).astype(model.dtype)
+    if getattr(model.layers[0], "ids", False):
+        x = rng.integers(0, 2, size=x.shape)
+    y = np.zeros((b,) + tuple(model.output_shape), model.dtype)
+    y.reshape(b, -1)[:, 0] = 1.0
+    return x, y
 
 
 def _leaves(layer):
