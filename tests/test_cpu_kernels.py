@@ -478,3 +478,34 @@ def test_batchnorm_float32_matches_float64(be32, be64):
         assert a.dtype == np.float32 and rel_err(a, e) < 1e-4
     yi = be32.batchnorm_forward_infer(be32.asarray(x), be32.asarray(gamma), be32.asarray(beta), m32, v32, 1e-5)
     assert yi.dtype == np.float32 and rel_err(yi, y64) < 1e-4
+
+
+@pytest.mark.parametrize("pool,stride,pad", [((2, 2), (2, 2), (0, 0)), ((3, 2), (1, 2), (0, 0)),
+                                             ((3, 3), (2, 2), (1, 1))])
+def test_maxpool_nan_and_minus_inf_follow_the_documented_rule(pool, stride, pad):
+    """Both forward loops (windows inside the image, and padded) keep the FIRST strict arg-max, never pick
+    a NaN, and give tap -1 (no gradient) to a window with nothing above -inf."""
+    from pydtnn.backends import _cpu_kernels as kp
+    rng = np.random.default_rng(9)
+    n, h, w, c = 2, 6, 7, 3
+    x = rng.integers(0, 3, (n, h, w, c)).astype(np.float32)
+    x[rng.random(x.shape) < 0.2] = np.nan
+    x[rng.random(x.shape) < 0.2] = -np.inf
+    x[0, :3, :3, 0] = -np.inf                                   # windows with nothing above -inf
+    (kh, kw), (sh, sw), (ph, pw) = pool, stride, pad
+    ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    y = np.empty((n, ho, wo, c), np.float32)
+    idx = np.empty((n, ho, wo, c), np.int32)
+    kp.maxpool_fwd(0, 1, x.reshape(-1), y.reshape(-1), idx.reshape(-1), n, h, w, c, ho, wo, kh, kw, sh, sw, ph, pw)
+    for b in range(n):
+        for i in range(ho):
+            for j in range(wo):
+                for ch in range(c):
+                    best, tap = -np.inf, -1
+                    for di in range(kh):
+                        for dj in range(kw):
+                            r, q = i * sh - ph + di, j * sw - pw + dj
+                            if 0 <= r < h and 0 <= q < w and x[b, r, q, ch] > best:
+                                best, tap = x[b, r, q, ch], di * kw + dj
+                    assert (y[b, i, j, ch], idx[b, i, j, ch]) == (best, tap)
+    assert (idx == -1).any() and not np.isnan(y).any()

@@ -40,11 +40,42 @@ def _zero(dst, d0, n):
 # --- pooling ---------------------------------------------------------------------------------------
 
 @njit(**_NJ_STRICT)
+def _maxpool_fwd_inside(xf, yf, idx, r0, r1, H, W, C, Ho, Wo, kh, kw, sh, sw):
+    """maxpool_fwd's output rows r0..r1 when every window lies inside the image (no padding): each output
+    kept in a register over its taps, instead of a load and two stores per tap (simplecnn's 4-channel 2x2
+    pooling took 3 ns an input element through the general loop)."""
+    ninf = xf.dtype.type(-np.inf)
+    Cu = uint64(C)
+    for nh in range(r0, r1):
+        n = nh // Ho
+        ho = nh - n * Ho
+        yb = uint64(nh * Wo * C)
+        rb = (n * H + ho * sh) * W * C
+        for wo in range(Wo):
+            o = yb + uint64(wo * C)
+            s = uint64(rb + wo * sw * C)
+            for c in range(Cu):
+                m = ninf
+                a = -1
+                for i in range(kh):
+                    for j in range(kw):
+                        v = xf[s + uint64((i * W + j) * C) + c]
+                        if v > m:                  # strict: ties keep the first arg-max, NaN never wins
+                            m = v
+                            a = i * kw + j
+                yf[o + c] = m
+                idx[o + c] = a
+
+
+@njit(**_NJ_STRICT)
 def maxpool_fwd(t, nt, xf, yf, idx, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw):
     """y = max over the window (padding counts as -inf); idx = FIRST arg-max tap (i*kw + j); -1 where the
     window holds nothing above -inf (NaN never wins; such windows get no gradient)."""
     Cu = uint64(C)
     r0, r1 = _part(t, nt, N * Ho)
+    if ph == 0 and pw == 0:
+        _maxpool_fwd_inside(xf, yf, idx, r0, r1, H, W, C, Ho, Wo, kh, kw, sh, sw)
+        return
     for nh in range(r0, r1):
         n = nh // Ho
         ho = nh - n * Ho
