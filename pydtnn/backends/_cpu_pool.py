@@ -39,6 +39,8 @@ _SPIN_US = float(os.environ.get("PYDTNN_CPU_SPIN_US", "3000"))
 
 # One 64-byte row of int64 words per worker (no false sharing between workers).
 _SEQ, _DONE, _AWAKE, _STATUS = 0, 1, 2, 3
+# The job's words (one row): the job's function pointer (0: a Python callable), its block's address, nt
+_FN, _BLOCK, _NT = 0, 1, 2
 _ROW = 8
 _MAX_WORKERS = 1024
 # _serve's return codes
@@ -155,21 +157,21 @@ def _serve(ctrl, w, job, seen, iters, yield_fp):
     """Worker w's loop, without the GIL: run each new job (number ctrl[w, SEQ] > seen) through its
     function pointer, mark it done, and go on. Returns (the job number reached, why): _SLEEPY after
     `iters` idle spin rounds with no job, _PYTHON_JOB for a job that is a Python callable (pointer 0)."""
-    _store(ctrl, w, 2, 1)                                  # _AWAKE
+    _store(ctrl, w, _AWAKE, 1)
     while True:
-        if not _spin_until_changed(ctrl, w, 0, seen, iters, yield_fp):
+        if not _spin_until_changed(ctrl, w, _SEQ, seen, iters, yield_fp):
             # Going to sleep: announce it, then look once more (the caller bumps SEQ, then reads AWAKE)
-            _store(ctrl, w, 2, 0)
-            if _load(ctrl, w, 0) == seen:
-                return seen, 0
-            _store(ctrl, w, 2, 1)
-        seen = _load(ctrl, w, 0)
-        fn = _load(job, 0, 0)
+            _store(ctrl, w, _AWAKE, 0)
+            if _load(ctrl, w, _SEQ) == seen:
+                return seen, _SLEEPY
+            _store(ctrl, w, _AWAKE, 1)
+        seen = _load(ctrl, w, _SEQ)
+        fn = _load(job, 0, _FN)
         if fn == 0:
-            return seen, 1
-        status = _call_job(fn, w + 1, _load(job, 0, 2), _load(job, 0, 1))
-        _store(ctrl, w, 3, status)                         # _STATUS
-        _store(ctrl, w, 1, seen)                           # _DONE
+            return seen, _PYTHON_JOB
+        status = _call_job(fn, w + 1, _load(job, 0, _NT), _load(job, 0, _BLOCK))
+        _store(ctrl, w, _STATUS, status)
+        _store(ctrl, w, _DONE, seen)
 
 
 @njit(nogil=True, cache=True)
@@ -178,8 +180,8 @@ def _publish(ctrl, workers):
     notify). The atomic increments order the job's words before the new numbers."""
     asleep = 0
     for w in range(workers):
-        _increment(ctrl, w, 0)
-        if _load(ctrl, w, 2) == 0:
+        _increment(ctrl, w, _SEQ)
+        if _load(ctrl, w, _AWAKE) == 0:
             asleep += 1
     return asleep
 
@@ -189,9 +191,9 @@ def _wait_done(ctrl, workers, iters, yield_fp):
     """Spin (without the GIL) until workers 0..workers-1 are done with their current job, at most about
     `iters` rounds; True if they are."""
     for w in range(workers):
-        target = _load(ctrl, w, 0)
-        while _load(ctrl, w, 1) != target:
-            if not _spin_until_changed(ctrl, w, 1, _load(ctrl, w, 1), iters, yield_fp):
+        target = _load(ctrl, w, _SEQ)
+        while _load(ctrl, w, _DONE) != target:
+            if not _spin_until_changed(ctrl, w, _DONE, _load(ctrl, w, _DONE), iters, yield_fp):
                 return False
     return True
 
@@ -215,9 +217,9 @@ class ThreadPool:
 
     def _start(self):
         self._ctrl = np.zeros((_MAX_WORKERS, _ROW), np.int64)
-        self._job = np.zeros((1, _ROW), np.int64)        # [function pointer, block address, nt]
+        self._job = np.zeros((1, _ROW), np.int64)
         self._block = np.zeros(jobs.BLOCK_WORDS, np.int64)  # the job's arguments
-        self._job[0, 1] = self._block.ctypes.data
+        self._job[0, _BLOCK] = self._block.ctypes.data
         self._cv = threading.Condition()
         self._workers = 0
         self._python_job = None
@@ -264,10 +266,10 @@ class ThreadPool:
             address = jobs.native_job(fn, args, self._block)   # None: a Python callable, or odd arguments
             if address is None:
                 self._python_job = (fn, (nt,) + args)
-                self._job[0, 0] = 0
+                self._job[0, _FN] = 0
             else:
-                self._job[0, 0] = address
-            self._job[0, 2] = nt
+                self._job[0, _FN] = address
+            self._job[0, _NT] = nt
             try:
                 if _publish(self._ctrl, nt - 1):
                     with self._cv:
