@@ -15,6 +15,7 @@ argument cannot travel as int64 words: the pool then runs fn the Python way.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -186,9 +187,10 @@ def _source(ts) -> str:
 JOB_SIGNATURE = types.int64(types.int64, types.int64, types.CPointer(types.int64))
 
 
+@functools.lru_cache(maxsize=None)
 def _cache_dir() -> str | None:
     """Where generated jobs are written (their numba cache beside them), one folder per version of this
-    file and of numba; None if it cannot be written."""
+    file and of numba; None if it cannot be written. Found once per process."""
     here = open(__file__, "rb").read()
     tag = f"{zlib.crc32(here):08x}-numba{numba.__version__}"
     base = os.environ.get("PYDTNN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "pydtnn")

@@ -59,8 +59,8 @@ def _use_fold(ho, wo, k) -> bool:
 # alone and 30-60 us inside a step when the workers took the GIL: measured then, the ViT's LayerNorm (65,536
 # elements) and simplecnn's ReLU (200,704) ran slower at 2 threads than at 1 inside a step, its 16 x 16 x 16
 # attention products did not gain. With GIL-free workers (`_cpu_pool`) a 4,096-element ReLU costs 7 us more
-# on 2 threads than on 1 (it was 23 us), but lowering this to 4,096 changed no step (simplecnn, the ViT: 1.00x). Cheap passes (ReLU, add,
-# batch and layer normalization: 0.1-0.5 ns an element) count _CHEAP elements as one; a matrix product
+# on 2 threads than on 1 (it was 23 us), but lowering this to 4,096 changed no step (simplecnn, the ViT:
+# 1.00x). Cheap passes (ReLU, add, batch and layer normalization: 0.1-0.5 ns an element) count _CHEAP elements as one; a matrix product
 # counts one element per _MACS_PER_ELEMENT multiply-adds.
 _PARALLEL_MIN = 32768
 _CHEAP = 8
