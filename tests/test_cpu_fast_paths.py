@@ -79,6 +79,114 @@ def test_matmul_float32_float64_and_odd_cases_fall_back():
     assert be.matmul(empty, b.astype(np.float32)).shape == (0, 3)
 
 
+# --- fused attention (`_cpu_attention`): a (sample, head) pair's products and softmax in one part ---------
+
+def _attention_reference(qkv, n, t, heads, causal, mask):
+    """context and attention weights in float64 by einsum (no BLAS), and dL/dqkv of sum(context * g)."""
+    d = qkv.shape[1] // 3
+    hd = d // heads
+    q, k, v = (qkv[:, i * d:(i + 1) * d].reshape(n, t, heads, hd).transpose(0, 2, 1, 3) for i in range(3))
+    s = np.einsum("nhid,nhjd->nhij", q, k) / np.sqrt(hd)
+    if causal:
+        s = np.where(np.tril(np.ones((t, t))) > 0, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    w = p if mask is None else p * mask
+    ctx = np.einsum("nhij,nhjd->nhid", w, v)
+    return ctx.transpose(0, 2, 1, 3).reshape(n * t, d), p
+
+
+def _attention_cases(rng):
+    """(n, t, heads, hd, causal, mask): the ViT's shape, odd sizes, one position, dropout masks."""
+    def mask(n, h, t):
+        return (rng.random((n, h, t, t)) < 0.7) / 0.7
+    return [(64, 16, 4, 16, False, None), (3, 7, 3, 5, True, mask(3, 3, 7)), (2, 1, 1, 3, True, None),
+            (5, 9, 2, 8, False, mask(5, 2, 9))]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_attention_matches_an_einsum_reference(monkeypatch, threads):
+    """float64: sums of at most 16 products of O(1) numbers carry ~16 eps64 (4e-15); 1e-12 leaves room for
+    exp and the division. The backward against finite differences of sum(context * g) (central, h = 1e-6:
+    truncation ~h^2, rounding ~eps64 / h ~ 1e-10)."""
+    from pydtnn.backends import _cpu_attention as katt
+    from pydtnn.backends._cpu_pool import POOL
+    ran, real = [], POOL.run
+    monkeypatch.setattr(POOL, "run", lambda fn, nt, *a: (ran.append(fn), real(fn, nt, *a))[1])
+    rng = np.random.default_rng(6)
+    be = _backend("float64", threads)
+    for n, t, h, hd, causal, mask in _attention_cases(rng):
+        qkv = rng.standard_normal((n * t, 3 * h * hd))
+        ctx, attn = be.attention_forward(qkv, n, t, h, causal, mask)
+        ref_ctx, ref_p = _attention_reference(qkv, n, t, h, causal, mask)
+        np.testing.assert_allclose(attn, ref_p, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(ctx, ref_ctx, rtol=1e-12, atol=1e-12)
+        g = rng.standard_normal(ctx.shape)
+        dqkv = be.attention_backward(g, qkv, attn, mask, n, t, h)
+        for q in rng.choice(qkv.size, 12, replace=False):
+            e = np.zeros(qkv.size)
+            e[q] = 1e-6
+            e = e.reshape(qkv.shape)
+            fd = ((_attention_reference(qkv + e, n, t, h, causal, mask)[0] * g).sum()
+                  - (_attention_reference(qkv - e, n, t, h, causal, mask)[0] * g).sum()) / 2e-6
+            assert abs(dqkv.reshape(-1)[q] - fd) <= 1e-7 * max(1.0, abs(fd))
+    assert katt.attention_fwd in ran and katt.attention_bwd in ran
+
+
+def test_fused_attention_float32_against_float64():
+    """float32 against the float64 reference, inputs of scale 0.5: a score's error ~ hd eps32 |q||k| /
+    sqrt(hd) (~1e-6), the weights' a few eps32 more, the context's ~ t eps32 |w||v|: within 1e-5."""
+    rng = np.random.default_rng(7)
+    be = _backend("float32", 2)
+    for n, t, h, hd, causal, mask in _attention_cases(rng):
+        qkv = 0.5 * rng.standard_normal((n * t, 3 * h * hd))
+        m32 = None if mask is None else mask.astype(np.float32)
+        ctx, attn = be.attention_forward(qkv.astype(np.float32), n, t, h, causal, m32)
+        ref_ctx, ref_p = _attention_reference(qkv.astype(np.float32).astype(np.float64), n, t, h, causal, mask)
+        np.testing.assert_allclose(attn, ref_p, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(ctx, ref_ctx, rtol=1e-5, atol=1e-5)
+        g = rng.standard_normal(ctx.shape)
+        d32 = be.attention_backward(g.astype(np.float32), qkv.astype(np.float32), attn, m32, n, t, h)
+        d64 = _backend("float64", 2).attention_backward(g, qkv.astype(np.float32).astype(np.float64), ref_p,
+                                                        mask, n, t, h)
+        np.testing.assert_allclose(d32, d64, rtol=1e-4, atol=1e-5)
+
+
+def test_float32_exp_within_two_ulps():
+    """`exp_neg32` (the float32 softmax's exp) against exp in float64 on 2,000,001 points of [0, 87]: the
+    Horner steps' roundings (the last two ~0.5 ulp each, the earlier ones damped by |r| <= 0.35) and r's
+    rounding bound it by ~1.7 ulp. NaN stays NaN."""
+    from numba import njit
+
+    from pydtnn.backends._cpu_special import exp_neg32
+
+    @njit
+    def each(u, out):
+        for i in range(u.size):
+            out[i] = exp_neg32(u[i])
+    u = np.linspace(0, 87, 2_000_001).astype(np.float32)
+    got = np.empty_like(u)
+    each(u, got)
+    ref = np.exp(-u.astype(np.float64))
+    ulps = np.abs(got - ref) / np.spacing(ref.astype(np.float32)).astype(np.float64)
+    assert ulps.max() <= 2.0
+    each(np.array([np.nan, 0.0], np.float32), got[:2])
+    assert np.isnan(got[0]) and got[1] == 1.0
+
+
+@pytest.mark.parametrize("length", [16, 1000, 4097])
+def test_float32_softmax_on_long_rows(length):
+    """Rows longer than the float32 sum's block (64): exp within 2 ulps, u = m - s rounded once (eps32 u / 2
+    relative), the blocks' sums (<= 11 eps32 relative), the scaling: <= 2e-6 relative; the weights far below
+    the row's largest carry their u's rounding, under 1e-9 absolute."""
+    be = _backend("float32", 2)
+    s = np.random.default_rng(8).standard_normal((3, length)) * 3
+    ref = np.exp(s - s.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    got = be.softmax(s.astype(np.float32))
+    np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-9)
+
+
 # --- GELU and last-axis LayerNorm kernels (`_cpu_rows`), every size split over 3 parts ------------------
 
 def test_gelu_kernels_match_the_formula_and_finite_differences():

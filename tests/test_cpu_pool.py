@@ -121,3 +121,34 @@ def test_every_kernel_of_a_training_step_runs_gil_free(monkeypatch, name, batch)
     y = one_hot(rng.integers(0, model.output_shape[0], batch), model.output_shape[0], np.float32)
     model.compute_gradients(x, y, "categorical_cross_entropy")
     assert len(calls) > 5 and python_way == []
+
+
+@pytest.mark.parametrize("name,batch", [("resnet20_cifar10", 2), ("vit_tiny_mnist", 4), ("simplecnn", 4)])
+def test_the_default_thread_count_reaches_every_kernel(monkeypatch, name, batch):
+    """With no `num_threads` set, a kernel's thread count follows OpenBLAS's (threadpoolctl here), read
+    before the kernel sets OpenBLAS to one thread for its own GEMMs: a count read after that was 1, and
+    strided convolutions' backward data ran on one thread whatever the user asked for."""
+    from threadpoolctl import threadpool_limits
+
+    from pydtnn import Model
+    from pydtnn.backends import get_backend
+    from pydtnn.model import one_hot
+    from pydtnn.models import build_model, default_input_shape
+    model = Model(backend=get_backend("cpu", "float32", 0), seed=0)
+    build_model(name, model)
+    model.backend._parallel_min = 0                  # every kernel big enough for every thread
+    counts = {}
+    real = POOL.run
+
+    def recording(fn, nt, *args):
+        counts.setdefault(getattr(fn, "__name__", str(fn)), set()).add(nt)
+        return real(fn, nt, *args)
+
+    monkeypatch.setattr(POOL, "run", recording)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch,) + tuple(default_input_shape(name))).astype(np.float32)
+    with threadpool_limits(2):
+        out = model.forward(x, training=True)
+        model.backward(np.ones_like(out))                # the user's loop: the input gradient too
+    assert len(counts) > 3
+    assert {k: v for k, v in counts.items() if v != {2}} == {}

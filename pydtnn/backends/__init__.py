@@ -19,13 +19,15 @@ Kernel conventions
   backend may cache plans or buffers keyed by it.
 - A forward kernel returns `(y, ctx)`; `ctx` is opaque and handed back to the backward kernels
   (im2col columns, argmax indices, cuDNN descriptors...).
-- The sequence layers' kernels (`softmax`, `softmax_backward`, `erfc`, `scatter_add_rows`) have
-  device-independent defaults here, written with `xp`; a backend overrides them where it has a faster
-  kernel (the CPU's numba row softmax). A kernel taking 4-D images must also be listed in
-  `nchw_view.IMAGE_KERNELS`, which the gradient checker uses to run layers in NCHW on any backend.
+- The sequence layers' kernels (`softmax`, `softmax_backward`, `attention_forward`, `attention_backward`,
+  `erfc`, `scatter_add_rows`) have device-independent defaults here, written with `xp`; a backend
+  overrides them where it has a faster kernel (the CPU's numba row softmax and fused attention). A
+  kernel taking 4-D images must also be listed in `nchw_view.IMAGE_KERNELS`, which the gradient checker
+  uses to run layers in NCHW on any backend.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pydtnn.errors import ConfigError, ShapeError
@@ -214,6 +216,40 @@ class Backend:
         g -= (g * y).sum(axis=-1, keepdims=True)
         g *= y
         return g
+
+    @staticmethod
+    def _heads(a, n, t, heads):
+        """(N T, D) -> (N, H, T, hd), a view."""
+        return a.reshape(n, t, heads, a.shape[-1] // heads).transpose(0, 2, 1, 3)
+
+    def attention_forward(self, qkv, n, t, heads, causal=False, mask=None):
+        """Scaled dot-product attention of every (sample, head). qkv: (N T, 3D), the q, k, v projections
+        side by side; mask: None, or (N, H, T, T) dropout factors applied to the attention weights.
+        Returns (context (N T, D), attn (N, H, T, T): the softmax weights before dropout, which
+        `attention_backward` takes back). As batched matmuls here; the CPU backend fuses a pair's work."""
+        d = qkv.shape[1] // 3
+        q, k, v = (self._heads(qkv[:, i * d:(i + 1) * d], n, t, heads) for i in range(3))
+        scores = self.matmul(q, k.transpose(0, 1, 3, 2))
+        scores *= scores.dtype.type(1 / math.sqrt(d // heads))
+        attn = self.softmax(scores, causal=causal)
+        context = self.matmul(attn if mask is None else attn * mask, v)
+        return context.transpose(0, 2, 1, 3).reshape(n * t, d), attn
+
+    def attention_backward(self, dcontext, qkv, attn, mask, n, t, heads):
+        """dL/d qkv (N T, 3D) of `attention_forward` from dcontext = dL/d context (N T, D)."""
+        xp, mm = self.xp, self.matmul
+        d = qkv.shape[1] // 3
+        q, k, v = (self._heads(qkv[:, i * d:(i + 1) * d], n, t, heads) for i in range(3))
+        dctx = self._heads(dcontext, n, t, heads)
+        dv = mm((attn if mask is None else attn * mask).transpose(0, 1, 3, 2), dctx)
+        dattn = mm(dctx, v.transpose(0, 1, 3, 2))
+        if mask is not None:
+            dattn *= mask
+        dscores = self.softmax_backward(attn, dattn)
+        dscores *= dscores.dtype.type(1 / math.sqrt(d // heads))
+        dq = mm(dscores, k)
+        dk = mm(dscores.transpose(0, 1, 3, 2), q)
+        return xp.concatenate([g.transpose(0, 2, 1, 3).reshape(n * t, d) for g in (dq, dk, dv)], axis=1)
 
     def scatter_add_rows(self, out, ids, rows):
         """out[ids[i]] += rows[i] for every i, repeated ids adding up (Embedding's weight gradient).

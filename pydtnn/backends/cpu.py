@@ -23,6 +23,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from pydtnn.backends import Backend, ConvSpec, PoolSpec, parse_dtype
+from pydtnn.backends import _cpu_attention as katt
 from pydtnn.backends import _cpu_blas as blas
 from pydtnn.backends import _cpu_conv as kc
 from pydtnn.backends import _cpu_heap
@@ -321,8 +322,9 @@ class CPUBackend(Backend):
             return dx
         wt = self._c(w.transpose(2, 3, 1, 0)).reshape(-1)                    # (kh, kw, C, K)
         rb = max(1, min(ho, -(-_TARGET_ROWS // wo), _BUF_ELEMS // (wo * kh * kw * c)))
+        nt = self._nt(dx.size)          # before BLAS is set to one thread: `_nt` follows its count
         with blas.blas_single_thread():
-            POOL.run(kc.conv_bwd_data_scatter, self._nt(dx.size), blas.gemm_ptr(self.dtype), dy.reshape(-1), wt,
+            POOL.run(kc.conv_bwd_data_scatter, nt, blas.gemm_ptr(self.dtype), dy.reshape(-1), wt,
                      dx.reshape(-1), n, h, wd, c, k, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw, rb)
         return dx
 
@@ -502,6 +504,39 @@ class CPUBackend(Backend):
         POOL.run(ksm.softmax_backward_rows, self._nt(g.size), y.reshape(-1), g.reshape(-1), g.size // length,
                  length)
         return g
+
+    # --- attention: a (sample, head) pair's products and softmax in one part of the pool -------------
+    def _fused_attention(self, *arrays) -> bool:
+        return self.use_blas_kernels and all(a is None or (a.dtype == self.dtype and a.flags.c_contiguous)
+                                             for a in arrays)
+
+    def attention_forward(self, qkv, n, t, heads, causal=False, mask=None):
+        if not self._fused_attention(qkv, mask):
+            return super().attention_forward(qkv, n, t, heads, causal, mask)
+        d = qkv.shape[1] // 3
+        hd = d // heads
+        attn = np.empty((n, heads, t, t), self.dtype)
+        context = np.empty((n * t, d), self.dtype)
+        nt = self._nt(n * heads * t * t * (2 * hd + 8) // _MACS_PER_ELEMENT)     # before BLAS is set to 1 thread
+        with blas.blas_single_thread():
+            POOL.run(katt.attention_fwd, nt, blas.gemm_ptr(self.dtype), qkv.reshape(-1), attn.reshape(-1), self._no_mask(mask),
+                     context.reshape(-1), n, t, heads, hd, bool(causal), 1 / math.sqrt(hd))
+        return context, attn
+
+    def attention_backward(self, dcontext, qkv, attn, mask, n, t, heads):
+        if not self._fused_attention(dcontext, qkv, attn, mask):
+            return super().attention_backward(dcontext, qkv, attn, mask, n, t, heads)
+        d = qkv.shape[1] // 3
+        hd = d // heads
+        dqkv = np.empty_like(qkv)
+        nt = self._nt(n * heads * t * t * (4 * hd + 8) // _MACS_PER_ELEMENT)
+        with blas.blas_single_thread():
+            POOL.run(katt.attention_bwd, nt, blas.gemm_ptr(self.dtype), qkv.reshape(-1), attn.reshape(-1), self._no_mask(mask),
+                     dcontext.reshape(-1), dqkv.reshape(-1), n, t, heads, hd, 1 / math.sqrt(hd))
+        return dqkv
+
+    def _no_mask(self, mask):
+        return np.empty(0, self.dtype) if mask is None else mask.reshape(-1)
 
     # --- ReLU -----------------------------------------------------------------------------------------
     def relu_forward(self, x):

@@ -101,6 +101,12 @@ class NCHWView(Backend):
     def softmax_backward(self, y, g):
         return self.inner.softmax_backward(y, g)
 
+    def attention_forward(self, *args, **kw):
+        return self.inner.attention_forward(*args, **kw)
+
+    def attention_backward(self, *args, **kw):
+        return self.inner.attention_backward(*args, **kw)
+
     def asarray(self, a):
         return self.inner.asarray(a)
 

@@ -5,14 +5,13 @@ dropout=p, batch_first=True)` called with query = key = value = x (and `attn_mas
 Parameters, named and shaped as PyTorch's so that weights port directly: `in_proj_weight` (3D, D) and
 `in_proj_bias` (3D,) (the q, k, v projections stacked), `out_proj_weight` (D, D), `out_proj_bias` (D,).
 
-Work: one GEMM for q, k, v over all N * T positions; the scores of every (sample, head) as one batched
-matmul (N, H, T, hd) x (N, H, hd, T); the softmax over the last axis in place (`backend.softmax`: stable,
-the causal mask in the same pass); the weighted values as another batched matmul; one GEMM for the output
-projection. Backward mirrors it with the same five products. Dropout (training only) drops attention
-weights, as PyTorch does, with a mask from the backend's generator.
+Work: one GEMM for q, k, v over all N * T positions; then `backend.attention_forward` on the (N T, 3D)
+projection: the scores q k^T / sqrt(hd) of every (sample, head), the softmax over the last axis (stable,
+the causal mask in the same pass), the weighted values (batched matmuls by default; the CPU backend does
+a pair's work in one pass, see `_cpu_attention`); one GEMM for the output projection. Backward mirrors it
+(`backend.attention_backward`: the same five products). Dropout (training only) drops attention weights,
+as PyTorch does, with a mask from the backend's generator.
 """
-import math
-
 from pydtnn.errors import ConfigError
 from pydtnn.layers.base import Layer, ParamAttr
 
@@ -49,49 +48,30 @@ class MultiHeadAttention(Layer):
         self.add_weight("out_proj_bias", (d,), "zeros")
         return in_shape
 
-    def _heads(self, a, n, t):
-        """(N * T, D) -> (N, H, T, hd)."""
-        return a.reshape(n, t, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
-
     def forward(self, x, training=False):
-        xp, mm = self.xp, self.backend.matmul      # mm: the backend's threads (CPU: no nested BLAS threads)
+        mm = self.backend.matmul      # the backend's threads (CPU: no nested BLAS threads)
         n, t, d = x.shape
         self.x = x
-        qkv = mm(x.reshape(n * t, d), self.in_proj_weight.T) + self.in_proj_bias          # (N T, 3D)
-        q, k, v = (self._heads(qkv[:, i * d:(i + 1) * d], n, t) for i in range(3))
-        scale = x.dtype.type(1 / math.sqrt(self.head_dim))
-        scores = mm(q, k.transpose(0, 1, 3, 2))                                 # (N, H, T, T)
-        scores *= scale
-        attn = self.backend.softmax(scores, causal=self.causal)                       # in place
+        self.qkv = mm(x.reshape(n * t, d), self.in_proj_weight.T) + self.in_proj_bias     # (N T, 3D)
         self.mask = None
         if training and self.dropout:
             keep = 1.0 - self.dropout
             draws = self.backend.rng.random((n * self.num_heads, t, t), dtype=self.backend.dtype)   # per (sample, head)
-            self.mask = (draws < keep).astype(x.dtype).reshape(attn.shape)
+            self.mask = (draws < keep).astype(x.dtype).reshape(n, self.num_heads, t, t)
             self.mask *= x.dtype.type(1 / keep)
-        dropped = attn if self.mask is None else attn * self.mask
-        context = mm(dropped, v)                                               # (N, H, T, hd)
-        context = context.transpose(0, 2, 1, 3).reshape(n * t, d)
-        self.q, self.k, self.v, self.attn, self.dropped, self.context = q, k, v, attn, dropped, context
-        y = mm(context, self.out_proj_weight.T) + self.out_proj_bias
+        self.context, self.attn = self.backend.attention_forward(self.qkv, n, t, self.num_heads, self.causal,
+                                                                 self.mask)
+        y = mm(self.context, self.out_proj_weight.T) + self.out_proj_bias
         return y.reshape(n, t, d)
 
     def backward(self, dy):
-        xp, mm = self.xp, self.backend.matmul
+        mm = self.backend.matmul
         n, t, d = dy.shape
         dy2 = dy.reshape(n * t, d)
         mm(dy2.T, self.context, out=self.d_out_proj_weight)
         dy2.sum(axis=0, out=self.d_out_proj_bias)
-        dcontext = self._heads(mm(dy2, self.out_proj_weight), n, t)                       # (N, H, T, hd)
-        dv = mm(self.dropped.transpose(0, 1, 3, 2), dcontext)
-        dattn = mm(dcontext, self.v.transpose(0, 1, 3, 2))                      # (N, H, T, T)
-        if self.mask is not None:
-            dattn *= self.mask
-        dscores = self.backend.softmax_backward(self.attn, dattn)                     # in place
-        dscores *= dy.dtype.type(1 / math.sqrt(self.head_dim))
-        dq = mm(dscores, self.k)
-        dk = mm(dscores.transpose(0, 1, 3, 2), self.q)
-        dqkv = xp.concatenate([g.transpose(0, 2, 1, 3).reshape(n * t, d) for g in (dq, dk, dv)], axis=1)
+        dqkv = self.backend.attention_backward(mm(dy2, self.out_proj_weight), self.qkv, self.attn, self.mask,
+                                               n, t, self.num_heads)
         x2 = self.x.reshape(n * t, d)
         mm(dqkv.T, x2, out=self.d_in_proj_weight)
         dqkv.sum(axis=0, out=self.d_in_proj_bias)
