@@ -8,10 +8,11 @@
     python scripts/bench_cpu.py --models vit_tiny_mnist --breakdown      # a Vision Transformer step
 
 The PyTorch network is MIRRORED from the PyDTNN model layer by layer (same convolutions, pools, blocks,
-normalizations, attention, initial weights), and the first step's loss of both is checked to agree, so both frameworks time the very
-same computation. A step is forward + loss + backward + SGD update, float32. The two frameworks alternate
-in rounds and the median step time of each is reported, with the ratio PyDTNN / PyTorch, and the spread
-of the per-round ratios (min-max). `conv_algorithm` is the CPU backend's option (PyTorch keeps its
+normalizations, attention, initial weights), and the first step's loss of both is checked to agree, so
+both frameworks time the very same computation. A step is forward + loss + backward + SGD update, float32.
+The two frameworks alternate in rounds, each block after one untimed step (`timed_block`), and the median
+step time of each is reported, with the ratio PyDTNN / PyTorch, and the spread of the per-round ratios
+(min-max). `conv_algorithm` is the CPU backend's option (PyTorch keeps its
 defaults).
 
 `--ddp`: the data-parallel step, 2 ranks x 1 thread, `--batch` samples per rank, ResNet-20 (or
@@ -240,6 +241,22 @@ class Breakdown:
         setattr(layer, method, timed)
 
 
+def timed_block(fn, steps):
+    """The times of `steps` calls of fn, after one untimed call (for both frameworks alike). After its last
+    step, PyTorch's OpenMP threads keep spinning for several milliseconds, and PyDTNN's pool workers for
+    PYDTNN_CPU_SPIN_US (3 ms): at 2 threads on 2 cores the other framework's next step runs with a core
+    taken. Measured (simplecnn, batch 64, 2 threads, Zen 3 VM): PyDTNN's first step right after three
+    PyTorch steps took 13.3 ms, its second 4.4 ms; 20 ms later its first took 5.6 ms (its own workers
+    waking). A training run is one framework's steps back to back, so the block times that steady state."""
+    fn()
+    times = []
+    for _ in range(steps):
+        t0 = CLOCK[0]()
+        fn()
+        times.append(CLOCK[0]() - t0)
+    return times
+
+
 def torch_step(net, x, labels):
     """PyTorch's own training step on the mirrored network (SGD lr 0.01, momentum 0.9, as ours); returns the loss."""
     import torch
@@ -287,10 +304,7 @@ def bench_row(name, batch, threads, rounds, steps, breakdown=False, conv_algorit
         t_ours, t_theirs, ratios = [], [], []
         for _ in range(rounds):
             for fn, acc in ((ours, t_ours), (theirs, t_theirs)):
-                for _ in range(steps):
-                    t0 = CLOCK[0]()
-                    fn()
-                    acc.append(CLOCK[0]() - t0)
+                acc.extend(timed_block(fn, steps))
             ratios.append(statistics.median(t_ours[-steps:]) / statistics.median(t_theirs[-steps:]))
         table = None
         if breakdown:
@@ -341,10 +355,7 @@ def user_loop_row(name, batch, threads, rounds, steps):
         t_ours, t_theirs, ratios = [], [], []
         for _ in range(rounds):
             for fn, acc in ((ours, t_ours), (theirs, t_theirs)):
-                t0 = CLOCK[0]()
-                for _ in range(steps):
-                    fn()
-                acc.append((CLOCK[0]() - t0) / steps)
+                acc.append(sum(timed_block(fn, steps)) / steps)
             ratios.append(t_ours[-1] / t_theirs[-1])
     return {"model": name + " (user loop)", "threads": threads, "batch": batch, "conv_algorithm": "auto",
             "ours_ms": 1e3 * statistics.median(t_ours), "torch_ms": 1e3 * statistics.median(t_theirs),
