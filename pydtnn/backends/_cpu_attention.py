@@ -2,7 +2,7 @@
 
 Why: a small ViT's attention is many tiny matrices (batch 64 x 4 heads of 16 x 16). Run as separate
 batched products, a softmax and the head transposes, each step is its own pass over memory and its own
-call (about 1 us of overhead per 16 x 16 x 16 GEMM against 50 ns of arithmetic), and below the threading
+call (about 0.5 us of overhead per 16 x 16 x 16 GEMM against 50 ns of arithmetic), and below the threading
 threshold it runs on one thread. Here one part of the pool takes whole (sample, head) pairs and does
 everything of a pair while its matrices are in L1: the scores GEMM, the row softmax, the dropout mask and
 the weighted values, reading q, k and v straight from the (N T, 3D) projection (leading dimension 3D)
