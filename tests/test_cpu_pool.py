@@ -125,9 +125,9 @@ def test_every_kernel_of_a_training_step_runs_gil_free(monkeypatch, name, batch)
 
 @pytest.mark.parametrize("name,batch", [("resnet20_cifar10", 2), ("vit_tiny_mnist", 4), ("simplecnn", 4)])
 def test_the_default_thread_count_reaches_every_kernel(monkeypatch, name, batch):
-    """With no `num_threads` set, a kernel's thread count follows OpenBLAS's (threadpoolctl here), read
-    before the kernel sets OpenBLAS to one thread for its own GEMMs: a count read after that was 1, and
-    strided convolutions' backward data ran on one thread whatever the user asked for."""
+    """With no `num_threads` set, a kernel's thread count follows OpenBLAS's (threadpoolctl here), also when
+    read inside `blas_single_thread` (OpenBLAS on one thread for the kernel's own GEMMs): such a count once
+    came out 1, and strided convolutions' backward data ran on one thread whatever the user asked for."""
     from threadpoolctl import threadpool_limits
 
     from pydtnn import Model

@@ -78,29 +78,36 @@ def gemm_ptr(dtype) -> int:
     return _SGEMM if np.dtype(dtype) == np.float32 else _DGEMM
 
 
-def blas_threads() -> int:
-    """OpenBLAS's current thread count (threadpoolctl limits show up here); 0 when unknown."""
-    return int(_get_threads()) if _get_threads is not None else 0
-
-
 _LOCK = threading.RLock()
+_displaced: list[int] = []     # inside `blas_single_thread`: the count it set aside (innermost last)
+
+
+def blas_threads() -> int:
+    """OpenBLAS's thread count as the user set it (threadpoolctl limits show up here), also inside
+    `blas_single_thread`, which sets OpenBLAS itself to 1 meanwhile; 0 when unknown."""
+    if _displaced:
+        return _displaced[-1]
+    return int(_get_threads()) if _get_threads is not None else 0
 
 
 @contextlib.contextmanager
 def blas_single_thread():
     """OpenBLAS on one thread for the duration (the numba chunks are the parallel level). Held under a
     process-wide lock: OpenBLAS's thread count is global, and a multi-threaded OpenBLAS called from two
-    threads at once is not safe."""
+    threads at once is not safe. `blas_threads()` keeps answering the user's count meanwhile (a kernel's
+    part count read inside once came out 1: strided convolutions' backward data ran on one thread)."""
     with _LOCK:
         if _set_threads is None:
             yield
             return
         n = int(_get_threads())
+        _displaced.append(blas_threads())
         if n != 1:
             _set_threads(1)
         try:
             yield
         finally:
+            _displaced.pop()
             if n != 1:
                 _set_threads(n)
 

@@ -61,8 +61,8 @@ def _use_fold(ho, wo, k) -> bool:
 # elements) and simplecnn's ReLU (200,704) ran slower at 2 threads than at 1 inside a step, its 16 x 16 x 16
 # attention products did not gain. With GIL-free workers (`_cpu_pool`) a 4,096-element ReLU costs 7 us more
 # on 2 threads than on 1 (it was 23 us), but lowering this to 4,096 changed no step (simplecnn, the ViT:
-# 1.00x). Cheap passes (ReLU, add, batch and layer normalization: 0.1-0.5 ns an element) count _CHEAP elements as one; a matrix product
-# counts one element per _MACS_PER_ELEMENT multiply-adds.
+# 1.00x). Cheap passes (ReLU, add, batch and layer normalization: 0.1-0.5 ns an element) count _CHEAP
+# elements as one; a matrix product counts one element per _MACS_PER_ELEMENT multiply-adds.
 _PARALLEL_MIN = 32768
 _CHEAP = 8
 _MACS_PER_ELEMENT = 64
@@ -322,9 +322,8 @@ class CPUBackend(Backend):
             return dx
         wt = self._c(w.transpose(2, 3, 1, 0)).reshape(-1)                    # (kh, kw, C, K)
         rb = max(1, min(ho, -(-_TARGET_ROWS // wo), _BUF_ELEMS // (wo * kh * kw * c)))
-        nt = self._nt(dx.size)          # before BLAS is set to one thread: `_nt` follows its count
         with blas.blas_single_thread():
-            POOL.run(kc.conv_bwd_data_scatter, nt, blas.gemm_ptr(self.dtype), dy.reshape(-1), wt,
+            POOL.run(kc.conv_bwd_data_scatter, self._nt(dx.size), blas.gemm_ptr(self.dtype), dy.reshape(-1), wt,
                      dx.reshape(-1), n, h, wd, c, k, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw, rb)
         return dx
 
@@ -517,10 +516,10 @@ class CPUBackend(Backend):
         hd = d // heads
         attn = np.empty((n, heads, t, t), self.dtype)
         context = np.empty((n * t, d), self.dtype)
-        nt = self._nt(n * heads * t * t * (2 * hd + 8) // _MACS_PER_ELEMENT)     # before BLAS is set to 1 thread
+        nt = self._nt(n * heads * t * t * (2 * hd + 8) // _MACS_PER_ELEMENT)
         with blas.blas_single_thread():
-            POOL.run(katt.attention_fwd, nt, blas.gemm_ptr(self.dtype), qkv.reshape(-1), attn.reshape(-1), self._no_mask(mask),
-                     context.reshape(-1), n, t, heads, hd, bool(causal), 1 / math.sqrt(hd))
+            POOL.run(katt.attention_fwd, nt, blas.gemm_ptr(self.dtype), qkv.reshape(-1), attn.reshape(-1),
+                     self._no_mask(mask), context.reshape(-1), n, t, heads, hd, bool(causal), 1 / math.sqrt(hd))
         return context, attn
 
     def attention_backward(self, dcontext, qkv, attn, mask, n, t, heads):
@@ -531,8 +530,8 @@ class CPUBackend(Backend):
         dqkv = np.empty_like(qkv)
         nt = self._nt(n * heads * t * t * (4 * hd + 8) // _MACS_PER_ELEMENT)
         with blas.blas_single_thread():
-            POOL.run(katt.attention_bwd, nt, blas.gemm_ptr(self.dtype), qkv.reshape(-1), attn.reshape(-1), self._no_mask(mask),
-                     dcontext.reshape(-1), dqkv.reshape(-1), n, t, heads, hd, 1 / math.sqrt(hd))
+            POOL.run(katt.attention_bwd, nt, blas.gemm_ptr(self.dtype), qkv.reshape(-1), attn.reshape(-1),
+                     self._no_mask(mask), dcontext.reshape(-1), dqkv.reshape(-1), n, t, heads, hd, 1 / math.sqrt(hd))
         return dqkv
 
     def _no_mask(self, mask):
