@@ -283,6 +283,19 @@ def test_conv_float32_large_resnet_shape(be32):
                    ref.conv2d_backward_weights(dy, c64, spec, False)[0]) < 1e-5
 
 
+@pytest.mark.parametrize("shape", [(512, 40, 3, 3), (7, 5, 3, 3), (33, 130, 1, 1), (13, 17, 5, 5)], ids=str)
+@pytest.mark.parametrize("nt", [1, 3])
+def test_filter_layout_changes_are_the_transposes(shape, nt):
+    """(K, C, kh, kw) <-> (kh, kw, C, K), the direct kernels' layout, in parts: exact copies."""
+    be = CPUBackend("float32")
+    be.num_threads, be._parallel_min = nt, 0
+    w = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    k, c, kh, kw = shape
+    a = be._swap_outer(w, k, c, kh * kw)
+    assert np.array_equal(a, w.transpose(2, 3, 1, 0).reshape(-1))
+    assert np.array_equal(be._swap_outer(a, kh * kw, c, k), w.reshape(-1))
+
+
 def test_thread_pool_runs_every_part_and_reports_errors():
     from pydtnn.backends._cpu_pool import POOL
     seen = []

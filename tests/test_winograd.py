@@ -91,6 +91,60 @@ def test_winograd_backward_vs_finite_differences(case):
         assert dbias is None
 
 
+@pytest.mark.parametrize("kparts", [1, 2, 4])
+@pytest.mark.parametrize("case", [(5, 3, 13, 13, 40, 1, True),     # 80 tiles: two chunks, 4 parts
+                                  (2, 4, 6, 7, 21, 0, True),       # one chunk; 21 channels: uneven ranges
+                                  (9, 2, 16, 16, 12, 1, False)],   # 144 tiles: three chunks
+                         ids=str)
+def test_every_split_of_the_parts_gives_the_same_convolution(case, kparts):
+    """The parts of a pass take ranges of chunks (kparts 1), of output channels (kparts = parts), or both
+    (kparts 2 of 4 parts); forced here at 4 parts. All agree with the direct path, in all three passes."""
+    spec, x, w, b, rng = _setup(case, 3)
+    be, db = _backend("float64"), _backend("float64", "direct")
+    be.num_threads = 4
+    be._force_wino_kparts = kparts
+    xi = be.to_internal(x)
+    y, ctx = be.conv2d_forward(xi, w, b, spec)
+    yd, ctxd = db.conv2d_forward(xi, w, b, spec)
+    assert rel_err(y, yd) < 1e-12
+    r = rng.standard_normal(y.shape)
+    assert rel_err(be.conv2d_backward_data(r, w, ctx, spec), db.conv2d_backward_data(r, w, ctxd, spec)) < 1e-12
+    for got, want in zip(be.conv2d_backward_weights(r, ctx, spec, b is not None),
+                         db.conv2d_backward_weights(r, ctxd, spec, b is not None)):
+        assert (got is None and want is None) or rel_err(got, want) < 1e-12
+
+
+def test_the_split_rule():
+    """Channel ranges where chunks cannot be balanced (fewer than two a part) and, for the weights'
+    gradient, where the per-range accumulators outweigh the tiles (4 K >= tiles); ranges of chunks
+    otherwise, and always on one thread."""
+    assert wino.kparts(64, 64, 512, 512, 2, False) == 2            # VGG's 4x4 images: one chunk
+    assert wino.kparts(256, 64, 256, 256, 2, False) == 1           # 8x8: four chunks, two a part
+    assert wino.kparts(256, 64, 256, 256, 2, True) == 2            # ... but 36 x 256 x 256 accumulators
+    assert wino.kparts(1024, 64, 32, 32, 2, True) == 1             # ResNet's 16x16, 32 channels
+    assert wino.kparts(64, 64, 512, 512, 1, True) == 1
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_filter_and_gradient_transforms_match_the_matrices(m):
+    """U = G g G^T (and the flipped filters' U) and dw = G^T dU G, summed over the parts' dU, against the
+    matrices of MATRICES, for more filters than one block (the transforms are hand-coded per tile size)."""
+    g = wino.MATRICES[m][1]
+    a = m + 2
+    rng = np.random.default_rng(m)
+    k, c = 3, 131
+    w = rng.standard_normal((k, c, 3, 3))
+    want = np.einsum("ir,kcrs,js->ijck", g, w, g).reshape(a * a, c, k)
+    np.testing.assert_allclose(wino.filter_transform(w, m, np.float64, nt=2), want, rtol=1e-13, atol=1e-13)
+    flipped = np.einsum("ir,kcrs,js->ijkc", g, w[:, :, ::-1, ::-1], g).reshape(a * a, k, c)
+    np.testing.assert_allclose(wino.filter_transform(w, m, np.float64, nt=3, flipped=True), flipped,
+                               rtol=1e-13, atol=1e-13)
+    du = rng.standard_normal((2, a * a, c, k))
+    dwant = np.einsum("ir,ijck,js->kcrs", g, du.sum(axis=0).reshape(a, a, c, k), g)
+    np.testing.assert_allclose(wino.weight_grad_transform(du, m, k, c, np.float64, nt=2), dwant,
+                               rtol=1e-13, atol=1e-13)
+
+
 # F(4x4, 3x3) rounds worse than direct convolution (its transforms have entries up to 8 and 1/24): measured
 # relative errors (max |error| / max |value|) up to ~3e-6 here, against ~3e-7 for the direct path.
 F32_BOUND = 1e-5

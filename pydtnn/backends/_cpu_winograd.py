@@ -10,21 +10,21 @@ the a*a element-wise products over channels are a*a GEMMs (tiles x C) @ (C x K).
 
 How it runs (the design of `_cpu_conv`: one thread pool, cache-sized blocks, single-threaded BLAS):
 - The output tiles of all images, in (image, tile row, tile column) order, are cut into chunks of `tb`
-  tiles; each thread takes a contiguous range of chunks. Per chunk: transform the input tiles into a
-  small buffer V (a*a, tb, C), run the a*a GEMMs into M (a*a, tb, K), transform M into the output.
-  Both buffers stay in L2; nothing of size "whole batch in the Winograd domain" is ever allocated.
+  tiles; each thread takes a contiguous range of chunks, or (too few chunks to share, `kparts`) every
+  chunk in a range of output channels. Per chunk: transform the input tiles into a small buffer
+  V (a*a, tb, C), run the a*a GEMMs into M (a*a, tb, K), transform M into the output. Both buffers
+  stay in L2; nothing of size "whole batch in the Winograd domain" is ever allocated.
 - Padding is any integer (negative crops): tiles read the input at an offset and treat what lies
   outside as zeros; tiles hanging over the output's edge compute, and drop, the extra outputs.
 - Backward data is the same kernel on dy with the flipped filter (in/out channels swapped), padding 2 - p.
 - Backward weights: dU[e] = sum_tiles V[e]^T dYhat[e], with dYhat = A dy A^T per tile (zero beyond the
   output's edge): one GEMM per chunk and e with the tiles as the (long) reduction; then dw = G^T dU G.
-- Transforms loop over the matrices' non-zero coefficients with channels innermost (vectorized).
+- Transforms are 1-D passes with hard-coded coefficients, channels (or filters) innermost (vectorized);
+  filters are transformed in float64.
 
 Every kernel is serial, releases the GIL and does part `t` of `nt`; arrays are flat and C-contiguous.
 """
 from __future__ import annotations
-
-import functools
 
 import llvmlite.binding as _llvm
 import numpy as np
@@ -83,40 +83,52 @@ def chunk_tiles(c: int, k: int, m: int = TILE) -> int:
     return 64
 
 
-@functools.lru_cache(maxsize=None)
-def _kron_g(m: int, transposed: bool = False):
-    """(a*a, 9) matrix of G (x) G (the filter transform U = G g G^T as one matrix product per filter), or
-    its transpose, contiguous; computed once."""
-    g = MATRICES[m][1]
-    k = np.kron(g, g)
-    return np.ascontiguousarray(k.T if transposed else k)
+def tiles(n: int, ho: int, wo: int, m: int = TILE) -> int:
+    """Output tiles of a batch."""
+    return n * (-(-ho // m)) * (-(-wo // m))
+
+
+def kparts(t: int, tb: int, c: int, k: int, nt: int, weights_pass: bool) -> int:
+    """How the nt parts split a pass over t tiles in chunks of tb: 1 (each part takes a range of chunks)
+    or nt (each part takes all chunks, in a range of output channels). Measured at 2 threads, batch 64
+    (docs/performance.md, fifth pass):
+    - With fewer than two chunks a part, ranges of chunks cannot be balanced: VGG-11's 512 -> 512 on 4x4
+      images is one chunk, so one part did all of it (forward 29.4 ms against 33.0 at 1 thread; by
+      channels 20.2).
+    - Backward weights gives each range of chunks its own (a*a, C, K) accumulator, zeroed and summed
+      afterwards (38 MB each for 512 x 512): by channels there is one. That paid once 4 K >= t
+      (128 -> 256 on 8x8: 7.4 -> 6.5 ms; 64 -> 64 on 8x8: 1.53 -> 1.48), not below (64 -> 128 on 16x16:
+      5.8 -> 6.8; 32 -> 32 on 16x16: 1.8 -> 2.6, where every part transforms all input tiles again)."""
+    if nt == 1:
+        return 1
+    if -(-t // tb) < 2 * nt or (weights_pass and 4 * k >= t):
+        return nt
+    return 1
 
 
 def filter_transform(w, m: int, dtype, nt: int = 1, flipped: bool = False, run=None, out=None):
-    """U (a*a, C, K) = G g G^T of every filter g = w[k, c] (w: (K, C, 3, 3), user layout), summed in float64.
+    """U (a*a, C, K) = G g G^T of every filter g = w[k, c] (w: (K, C, 3, 3), user layout), in float64.
     `flipped`: of the filters of backward data instead, g = w[k, c, ::-1, ::-1] with in/out channels swapped
     (U of shape (a*a, K, C)). In `nt` parts through `run` (the thread pool's), reading w where it lies, into
     `out` (a flat buffer of at least U's size, reused: a fresh U of 512 x 512 filters is 38 MB of new pages)."""
     k, c = w.shape[0], w.shape[1]
     w = np.ascontiguousarray(w, dtype=dtype)
-    mat = _kron_g(m)[:, ::-1].copy() if flipped else _kron_g(m)
     rows, cols = (k, c) if flipped else (c, k)
     size = (m + 2) ** 2 * rows * cols
     u = (np.empty(size, dtype) if out is None else out[:size]).reshape(-1, rows * cols)
     # element (row i, column j) of U's (rows, cols) plane reads w at i * si + j * sj + tap
     si, sj = (9 * c, 9) if flipped else (9, 9 * c)
-    (run or _serial)(_filter_rows, nt, mat, w.reshape(-1), u.reshape(-1), rows, cols, si, sj)
+    (run or _serial)(_filter_rows, nt, m, w.reshape(-1), u.reshape(-1), rows, cols, si, sj, flipped)
     return u.reshape(-1, rows, cols)
 
 
 def weight_grad_transform(du, m: int, k: int, c: int, dtype, nt: int = 1, run=None):
     """dw (K, C, 3, 3) = G^T dU G from dU (a*a, C, K) or from the sum of the parts' dU (parts, a*a, C, K),
-    summed in float64, in `nt` parts (column ranges) through `run`."""
+    in float64, in `nt` parts (ranges of input channels) through `run`, written in the user's layout."""
     du = np.ascontiguousarray(du)
-    dwt = np.empty(9 * c * k, dtype)
-    mat = _kron_g(m, True)
-    (run or _serial)(_apply_cols, nt, mat, du.reshape(-1), dwt, du.size // (mat.shape[1] * c * k), c * k)
-    return np.ascontiguousarray(dwt.reshape(3, 3, c, k).transpose(3, 2, 0, 1))
+    dw = np.empty((k, c, 3, 3), dtype)
+    (run or _serial)(_grad_rows, nt, m, du.reshape(-1), dw.reshape(-1), du.size // ((m + 2) ** 2 * c * k), c, k)
+    return dw
 
 
 def _serial(fn, nt, *args):
@@ -124,71 +136,71 @@ def _serial(fn, nt, *args):
         fn(t, nt, *args)
 
 
-_BLOCK = 128        # filters per block: the block's taps and sums stay in L1 (the old whole-row loops streamed
-#                     every row of 262k filters 36 times from memory: 330 ms for 512 x 512 filters)
+# Filters per block, with 16 rows (input channels) a group: a block's taps and partial sums stay in L1, and
+# when reading w (or writing dw) is a transpose, a group's rows reuse the lines of w its first row brought
+# into cache. Each transform is two 1-D passes with hard-coded coefficients (`_g`, `_gt`: 144 multiply-adds
+# a filter for F(4x4, 3x3), vectorized across the block); the one 36 x 9 matrix product a filter that they
+# replace ran 15-19 ms for 512 x 512 filters, and the weights' gradient also paid a 10 ms transpose.
+_BLOCK = 128
 
 
 @njit(**_NJ)
-def _filter_rows(t, nt, mat, w, dst, rows, cols, si, sj):
-    """Rows t*rows//nt ... of dst (P, rows*cols, flat) = mat (P, 9) @ taps, taps of (i, j) at w[i*si + j*sj + q].
-    Rows go in groups of 16 inside each block of columns: when sj is large (reading w is a transpose),
-    the group's rows then reuse the lines of w its first row brought into cache."""
-    P, Q = mat.shape
-    taps = np.empty(Q * _BLOCK, np.float64)
-    acc = np.empty(_BLOCK, np.float64)
+def _filter_rows(t, nt, m, w, dst, rows, cols, si, sj, flipped):
+    """Rows t*rows//nt ... of dst (a*a, rows*cols, flat) = G g G^T, the taps of (i, j) at w[i*si + j*sj + q]
+    (in reverse order when `flipped`)."""
+    a = m + 2
+    B = uint64(_BLOCK)
+    taps = np.empty(9 * _BLOCK, np.float64)
+    tmp = np.empty(3 * a * _BLOCK, np.float64)
+    cu = dst.size // (a * a)
     r0, r1 = t * rows // nt, (t + 1) * rows // nt
     for i0 in range(r0, r1, 16):
         for j0 in range(0, cols, _BLOCK):
             nb = min(_BLOCK, cols - j0)
             for i in range(i0, min(i0 + 16, r1)):
-                _filter_block(mat, w, dst, taps, acc, i, j0, nb, cols, si, sj)
+                for jj in range(uint64(nb)):
+                    base = uint64(i * si + j0 * sj) + jj * uint64(sj)
+                    for q in range(9):
+                        taps[uint64(q) * B + jj] = w[base + uint64(8 - q if flipped else q)]
+                for r in range(3):              # rows of g: tmp[r, j] = (G g[r, :])[j]
+                    _g(m, taps, r * 3 * _BLOCK, _BLOCK, tmp, r * a * _BLOCK, _BLOCK, nb)
+                out = i * cols + j0
+                for j in range(a):              # columns: U[i', j] = (G tmp[:, j])[i'], at dst[(i' a + j) cu + out]
+                    _g(m, tmp, j * _BLOCK, a * _BLOCK, dst, j * cu + out, a * cu, nb)
 
 
 @njit(**_NJ)
-def _filter_block(mat, w, dst, taps, acc, i, j0, nb, cols, si, sj):
-    P, Q = mat.shape
-    B, nbu = uint64(_BLOCK), uint64(nb)
-    for jj in range(nbu):
-        base = uint64(i * si + j0 * sj) + jj * uint64(sj)
-        for q in range(uint64(Q)):
-            taps[q * B + jj] = w[base + q]
-    out = uint64(i * cols + j0)
-    cu = uint64(dst.size // P)
-    for p in range(uint64(P)):
-        for jj in range(nbu):
-            acc[jj] = 0.0
-        for q in range(uint64(Q)):
-            coef = mat[p, q]
-            if coef != 0.0:
-                tq = q * B
-                for jj in range(nbu):
-                    acc[jj] += coef * taps[tq + jj]
-        o = p * cu + out
-        for jj in range(nbu):
-            dst[o + jj] = acc[jj]
-
-
-@njit(**_NJ)
-def _apply_cols(t, nt, mat, src, dst, S, L):
-    """Columns t*L//nt ... of dst (P, L) = mat (P, Q) @ sum_s src[s] (Q, L), summed in float64; flat arrays
-    indexed with unsigned offsets (signed ones keep the loops scalar, see `_cpu_kernels`)."""
-    P, Q = mat.shape
-    l0, l1 = uint64(t * L // nt), uint64((t + 1) * L // nt)
-    nl = l1 - l0
-    Lu, QL = uint64(L), uint64(Q * L)
-    acc = np.empty(nl, np.float64)
-    for p in range(P):
-        acc[:] = 0.0
-        for sp in range(uint64(S)):
-            for q in range(uint64(Q)):
-                coef = mat[p, q]
-                if coef != 0.0:
-                    base = sp * QL + q * Lu + l0
-                    for i in range(nl):
-                        acc[i] += coef * src[base + i]
-        out = uint64(p) * Lu + l0
-        for i in range(nl):
-            dst[out + i] = acc[i]
+def _grad_rows(t, nt, m, du, dw, S, C, K):
+    """Input channels t*C//nt ... of dw (K, C, 3, 3, flat) = G^T (sum_s du[s]) G, du (S, a*a, C, K)."""
+    a = m + 2
+    A2 = a * a
+    B = uint64(_BLOCK)
+    d = np.empty(A2 * _BLOCK, np.float64)
+    tmp = np.empty(a * 3 * _BLOCK, np.float64)
+    res = np.empty(9 * _BLOCK, np.float64)
+    CK = uint64(C * K)
+    r0, r1 = t * C // nt, (t + 1) * C // nt
+    for i0 in range(r0, r1, 16):
+        for j0 in range(0, K, _BLOCK):
+            nb = uint64(min(_BLOCK, K - j0))
+            for c in range(i0, min(i0 + 16, r1)):
+                src = uint64(c * K + j0)
+                for e in range(A2):             # the parts' sum, in float64
+                    de = uint64(e) * B
+                    for l in range(nb):
+                        d[de + l] = du[uint64(e) * CK + src + l]
+                    for sp in range(1, S):
+                        so = uint64(sp * A2 + e) * CK + src
+                        for l in range(nb):
+                            d[de + l] += du[so + l]
+                for i in range(a):              # rows: tmp[i, s] = (G^T d[i, :])[s]
+                    _gt(m, d, i * a * _BLOCK, _BLOCK, tmp, i * 3 * _BLOCK, _BLOCK, nb)
+                for s in range(3):              # columns: res[r, s] = (G^T tmp[:, s])[r]
+                    _gt(m, tmp, s * _BLOCK, 3 * _BLOCK, res, s * _BLOCK, 3 * _BLOCK, nb)
+                for l in range(nb):             # dw[k, c, q], a transpose: the group's rows share its lines
+                    o = (uint64(j0) + l) * uint64(9 * C) + uint64(9 * c)
+                    for q in range(9):
+                        dw[o + uint64(q)] = res[uint64(q) * B + l]
 
 
 @njit(**_NJ)
@@ -290,6 +302,60 @@ def _a(m, src, s0, ss, dst, d0, ds, L):
 
 
 @njit(**_NJ)
+def _g(m, src, s0, ss, dst, d0, ds, L):
+    """G: 3 -> a (filters)."""
+    i0, i1, i2, _, _, _ = _offsets(s0, ss)
+    o0, o1, o2, o3, o4, o5 = _offsets(d0, ds)
+    if m == 2:
+        h = src.dtype.type(0.5)
+        for l in range(uint64(L)):
+            x0, x1, x2 = src[i0 + l], src[i1 + l], src[i2 + l]
+            dst[o0 + l] = x0
+            dst[o1 + l] = h * (x0 + x1 + x2)
+            dst[o2 + l] = h * (x0 - x1 + x2)
+            dst[o3 + l] = x2
+    else:
+        c4, c6 = src.dtype.type(1 / 4), src.dtype.type(1 / 6)
+        c12, c24 = src.dtype.type(1 / 12), src.dtype.type(1 / 24)
+        for l in range(uint64(L)):
+            x0, x1, x2 = src[i0 + l], src[i1 + l], src[i2 + l]
+            p = x0 + x2
+            u = c24 * x0 + c6 * x2
+            v = c12 * x1
+            dst[o0 + l] = c4 * x0
+            dst[o1 + l] = -c6 * (p + x1)
+            dst[o2 + l] = c6 * (x1 - p)
+            dst[o3 + l] = u + v
+            dst[o4 + l] = u - v
+            dst[o5 + l] = x2
+
+
+@njit(**_NJ)
+def _gt(m, src, s0, ss, dst, d0, ds, L):
+    """G^T: a -> 3 (weights' gradient)."""
+    i0, i1, i2, i3, i4, i5 = _offsets(s0, ss)
+    o0, o1, o2, _, _, _ = _offsets(d0, ds)
+    if m == 2:
+        h = src.dtype.type(0.5)
+        for l in range(uint64(L)):
+            x0, x1, x2, x3 = src[i0 + l], src[i1 + l], src[i2 + l], src[i3 + l]
+            p = h * (x1 + x2)
+            dst[o0 + l] = x0 + p
+            dst[o1 + l] = h * (x1 - x2)
+            dst[o2 + l] = p + x3
+    else:
+        c4, c6 = src.dtype.type(1 / 4), src.dtype.type(1 / 6)
+        c12, c24 = src.dtype.type(1 / 12), src.dtype.type(1 / 24)
+        for l in range(uint64(L)):
+            x0, x1, x2, x3, x4, x5 = src[i0 + l], src[i1 + l], src[i2 + l], src[i3 + l], src[i4 + l], src[i5 + l]
+            p = x1 + x2
+            u = x3 + x4
+            dst[o0 + l] = c4 * x0 - c6 * p + c24 * u
+            dst[o1 + l] = c6 * (x2 - x1) + c12 * (x3 - x4)
+            dst[o2 + l] = c6 * (u - p) + x5
+
+
+@njit(**_NJ)
 def _transform2d(kind, m, src, s0, rs, cs, p, q, tmp, dst, d0, dstride, L):
     """dst[d0 + (i*q + j)*dstride + l] = (T src T^T)[i, j, l] for the p x p tile src[s0 + r*rs + s*cs + l]
     (T: kind 0 = B^T, 1 = A^T, 2 = A; q outputs per axis); tmp holds p*q*L."""
@@ -353,34 +419,50 @@ def _input_tiles(xf, t0, nb, tb, TH, TW, m, H, W, C, ph, pw, D, E, V):
 
 
 @njit(**_NJ)
-def fwd(t, nt, fp, xf, U, bias, yf, N, H, W, C, K, Ho, Wo, ph, pw, m, tb):
-    """y (N, Ho, Wo, K) = conv3x3(x (N, H, W, C), padding (ph, pw)) + bias, from U (a*a, C, K)."""
+def _part(t, nt, kparts, nch, K):
+    """Part t of nt: (first chunk, end chunk, k0, k1). The parts form a grid of nt // kparts chunk ranges
+    by kparts ranges of output channels (k0 and k1 multiples of 8, so each range's loops start aligned)."""
+    g = t // kparts
+    q = t - g * kparts
+    pc = nt // kparts
+    per = (nch + pc - 1) // pc
+    k0 = (q * K // kparts) // 8 * 8
+    k1 = K if q == kparts - 1 else ((q + 1) * K // kparts) // 8 * 8
+    return g * per, min(nch, (g + 1) * per), k0, k1
+
+
+@njit(**_NJ)
+def fwd(t, nt, fp, xf, U, bias, yf, N, H, W, C, K, Ho, Wo, ph, pw, m, tb, kparts):
+    """y (N, Ho, Wo, K) = conv3x3(x (N, H, W, C), padding (ph, pw)) + bias, from U (a*a, C, K); this part's
+    chunks and output channels (`_part`)."""
     one = xf.dtype.type(1.0)
     zero = xf.dtype.type(0.0)
     a = m + 2
     TH = (Ho + m - 1) // m
     TW = (Wo + m - 1) // m
     T = N * TH * TW
-    nch = (T + tb - 1) // tb
-    per = (nch + nt - 1) // nt
+    c0, c1, k0, k1 = _part(t, nt, kparts, (T + tb - 1) // tb, K)
+    kn = k1 - k0
+    if kn <= 0:
+        return
     has_bias = bias.size > 0
-    Ku = uint64(K)
-    tmp = np.empty(a * a * K, xf.dtype)
+    knu, k0u = uint64(kn), uint64(k0)
+    tmp = np.empty(a * a * kn, xf.dtype)
     Xg = np.empty(a * a * min(tb, TW) * C, xf.dtype)     # a run of input tiles, gathered and half-transformed
     Xt = np.empty(a * a * min(tb, TW) * C, xf.dtype)
-    yt = np.empty(m * m * K, xf.dtype)
+    yt = np.empty(m * m * kn, xf.dtype)
     V = np.empty(a * a * tb * C, xf.dtype)
-    M = np.empty(a * a * tb * K, xf.dtype)
-    for ch in range(t * per, min(nch, (t + 1) * per)):
+    M = np.empty(a * a * tb * kn, xf.dtype)
+    for ch in range(c0, c1):
         t0 = ch * tb
         nb = min(T, t0 + tb) - t0
         _input_tiles(xf, t0, nb, tb, TH, TW, m, H, W, C, ph, pw, Xg, Xt, V)
         for e in range(a * a):
-            gemm(fp, NO_TRANS, NO_TRANS, nb, K, C, one, addr(V, e * tb * C), C, addr(U, e * C * K), K,
-                 zero, addr(M, e * tb * K), K)
+            gemm(fp, NO_TRANS, NO_TRANS, nb, kn, C, one, addr(V, e * tb * C), C, addr(U, e * C * K + k0), K,
+                 zero, addr(M, e * tb * kn), kn)
         for tt in range(nb):
             n, ti, tj = _tile_of(t0 + tt, TH, TW)
-            _transform2d(1, m, M, tt * K, a * tb * K, tb * K, a, m, tmp, yt, 0, K, K)
+            _transform2d(1, m, M, tt * kn, a * tb * kn, tb * kn, a, m, tmp, yt, 0, kn, kn)
             for i in range(m):
                 h = ti * m + i
                 if h >= Ho:
@@ -389,57 +471,62 @@ def fwd(t, nt, fp, xf, U, bias, yf, N, H, W, C, K, Ho, Wo, ph, pw, m, tb):
                     w = tj * m + j
                     if w >= Wo:
                         break
-                    yu = uint64(((n * Ho + h) * Wo + w) * K)
-                    su = uint64((i * m + j) * K)
+                    yu = uint64(((n * Ho + h) * Wo + w) * K) + k0u
+                    su = uint64((i * m + j) * kn)
                     if has_bias:
-                        for k in range(Ku):
-                            yf[yu + k] = yt[su + k] + bias[k]
+                        for k in range(knu):
+                            yf[yu + k] = yt[su + k] + bias[k0u + k]
                     else:
-                        for k in range(Ku):
+                        for k in range(knu):
                             yf[yu + k] = yt[su + k]
 
 
 @njit(**_NJ)
-def bwd_w(t, nt, fp, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, ph, pw, m, tb, with_bias):
-    """acc[t] (a*a, C, K) += sum over this part's tiles of V[e]^T (A dy A^T)[e]; dbacc[t] (K,) += sum dy."""
+def bwd_w(t, nt, fp, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, ph, pw, m, tb, with_bias, kparts):
+    """acc[g] (a*a, C, K) += sum over this part's tiles of V[e]^T (A dy A^T)[e], in its output channels, g its
+    chunk range (`_part`); dbacc[t] (K,) += the sum of dy in them."""
     one = xf.dtype.type(1.0)
     a = m + 2
     TH = (Ho + m - 1) // m
     TW = (Wo + m - 1) // m
     T = N * TH * TW
-    nch = (T + tb - 1) // tb
-    per = (nch + nt - 1) // nt
-    Ku = uint64(K)
-    tmp = np.empty(a * a * K, xf.dtype)
+    c0, c1, k0, k1 = _part(t, nt, kparts, (T + tb - 1) // tb, K)
+    kn = k1 - k0
+    if kn <= 0:
+        return
+    g0 = t // kparts
+    knu, k0u = uint64(kn), uint64(k0)
+    tmp = np.empty(a * a * kn, xf.dtype)
     Xg = np.empty(a * a * min(tb, TW) * C, xf.dtype)     # a run of input tiles, gathered and half-transformed
     Xt = np.empty(a * a * min(tb, TW) * C, xf.dtype)
-    g = np.empty(m * m * K, xf.dtype)
+    g = np.empty(m * m * kn, xf.dtype)
     V = np.empty(a * a * tb * C, xf.dtype)
-    D = np.empty(a * a * tb * K, xf.dtype)
-    dbt = np.zeros(K, xf.dtype)
-    for ch in range(t * per, min(nch, (t + 1) * per)):
+    D = np.empty(a * a * tb * kn, xf.dtype)
+    dbt = np.zeros(kn, xf.dtype)
+    for ch in range(c0, c1):
         t0 = ch * tb
         nb = min(T, t0 + tb) - t0
         _input_tiles(xf, t0, nb, tb, TH, TW, m, H, W, C, ph, pw, Xg, Xt, V)
         for tt in range(nb):
             n, ti, tj = _tile_of(t0 + tt, TH, TW)
-            for i in range(m):                  # the m x m x K tile of dy, zero beyond the output's edge
+            for i in range(m):                  # the m x m tile of dy in this part's channels, zero beyond the edge
                 h = ti * m + i
                 for j in range(m):
                     w = tj * m + j
-                    gu = uint64((i * m + j) * K)
+                    gu = uint64((i * m + j) * kn)
                     if h >= Ho or w >= Wo:
-                        for k in range(Ku):
+                        for k in range(knu):
                             g[gu + k] = 0
                     else:
-                        su = uint64(((n * Ho + h) * Wo + w) * K)
-                        for k in range(Ku):
+                        su = uint64(((n * Ho + h) * Wo + w) * K) + k0u
+                        for k in range(knu):
                             g[gu + k] = dyf[su + k]
                         if with_bias:
-                            for k in range(Ku):
+                            for k in range(knu):
                                 dbt[k] += g[gu + k]
-            _transform2d(2, m, g, 0, m * K, K, m, a, tmp, D, tt * K, tb * K, K)
+            _transform2d(2, m, g, 0, m * kn, kn, m, a, tmp, D, tt * kn, tb * kn, kn)
         for e in range(a * a):
-            gemm(fp, TRANS, NO_TRANS, C, K, nb, one, addr(V, e * tb * C), C, addr(D, e * tb * K), K,
-                 one, addr(acc, (t * a * a + e) * C * K), K)
-    dbacc[t, :] = dbt
+            gemm(fp, TRANS, NO_TRANS, C, kn, nb, one, addr(V, e * tb * C), C, addr(D, e * tb * kn), kn,
+                 one, addr(acc, (g0 * a * a + e) * C * K + k0), K)
+    for k in range(kn):
+        dbacc[t, k0 + k] = dbt[k]

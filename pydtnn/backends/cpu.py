@@ -28,6 +28,7 @@ from pydtnn.backends import _cpu_blas as blas
 from pydtnn.backends import _cpu_conv as kc
 from pydtnn.backends import _cpu_heap
 from pydtnn.backends import _cpu_kernels as kp
+from pydtnn.backends import _cpu_layout as klayout
 from pydtnn.backends import _cpu_matmul as kmm
 from pydtnn.backends import _cpu_rows as krows
 from pydtnn.backends import _cpu_softmax as ksm
@@ -106,6 +107,7 @@ class CPUBackend(Backend):
         self.use_blas_kernels = blas.GEMM_OK     # False: NumPy fallback for convolutions (also for tests)
         self._force_fold = False                 # tests/benchmarks: always use the im2col packing
         self._parallel_min = _PARALLEL_MIN       # tests: 0 runs even tiny kernels on several threads
+        self._force_wino_kparts: int | None = None   # tests/benchmarks: Winograd's channel split
         self._buffers: dict = {}                 # `_scratch`
         _cpu_heap.keep_heap()                    # freed arrays serve the next step's (no page faults)
 
@@ -143,6 +145,13 @@ class CPUBackend(Backend):
         return max(1, min(int(n), 4 * _CPUS))
 
     # --- convolution --------------------------------------------------------------------------------
+    def _swap_outer(self, a, x, y, z):
+        """a as (x, y, z) -> (z, y, x), flat and contiguous: filters (K, C, kh*kw) <-> (kh*kw, C, K)."""
+        src = self._c(a).reshape(-1)
+        out = np.empty(src.size, self.dtype)
+        POOL.run(klayout.swap_outer, self._nt(src.size), src, out, x, y, z)
+        return out
+
     def _conv_plan(self, spec: ConvSpec, n, h, w, c, k, ho, wo, target_rows=_TARGET_ROWS):
         """(rb, fold, direct, bufsize, nt) of the fused kernel for this geometry."""
         (kh, kw), (sh, sw), (ph, pw), (dh, _) = spec.kernel, spec.stride, spec.padding, spec.dilation
@@ -212,7 +221,7 @@ class CPUBackend(Backend):
             if b is not None:
                 y += bias
             return y, (x,)
-        wt = self._c(np.asarray(w).transpose(2, 3, 1, 0)).reshape(-1)       # (kh, kw, C, K)
+        wt = self._swap_outer(w, k, c, kh * kw)                             # (kh, kw, C, K)
         self._conv_fwd_core(x, wt, bias, y, spec, n, h, wd, c, k, ho, wo)
         return y, (x,)
 
@@ -248,15 +257,22 @@ class CPUBackend(Backend):
             buf = self._buffers[name] = np.empty(size, self.dtype)
         return buf[:size]
 
+    def _wino_kparts(self, n, ho, wo, c, k, nt, weights_pass):
+        """How many output-channel ranges the parts split into (`wino.kparts`; tests force one)."""
+        if self._force_wino_kparts is not None:
+            return self._force_wino_kparts if nt % self._force_wino_kparts == 0 else 1
+        return wino.kparts(wino.tiles(n, ho, wo), wino.chunk_tiles(c, k), c, k, nt, weights_pass)
+
     def _wino_fwd(self, x, u, bias, y, padding):
         n, h, wd, c = x.shape
         _, ho, wo, k = y.shape
         m = wino.TILE
         tb = wino.chunk_tiles(c, k)
         nt = self._nt(max(x.size, y.size))
+        kp = self._wino_kparts(n, ho, wo, c, k, nt, False)
         with blas.blas_single_thread():
             POOL.run(wino.fwd, nt, blas.gemm_ptr(self.dtype), x.reshape(-1), u.reshape(-1), bias, y.reshape(-1),
-                     n, h, wd, c, k, ho, wo, padding[0], padding[1], m, tb)
+                     n, h, wd, c, k, ho, wo, padding[0], padding[1], m, tb, kp)
 
     def _wino_bwd_w(self, x, dy, spec: ConvSpec, with_bias):
         n, h, wd, c = x.shape
@@ -264,12 +280,15 @@ class CPUBackend(Backend):
         m = wino.TILE
         a = m + 2
         nt = self._nt(max(x.size, dy.size))
-        acc = self._scratch("winograd_du", nt * a * a * c * k).reshape(nt, -1)
+        kp = self._wino_kparts(n, ho, wo, c, k, nt, True)
+        groups = nt // kp                       # one accumulator per range of chunks
+        acc = self._scratch("winograd_du", groups * a * a * c * k).reshape(groups, -1)
         acc.fill(0)
         dbacc = np.zeros((nt, k), self.dtype)
         with blas.blas_single_thread():
             POOL.run(wino.bwd_w, nt, blas.gemm_ptr(self.dtype), x.reshape(-1), dy.reshape(-1), acc, dbacc,
-                     n, h, wd, c, k, ho, wo, spec.padding[0], spec.padding[1], m, wino.chunk_tiles(c, k), with_bias)
+                     n, h, wd, c, k, ho, wo, spec.padding[0], spec.padding[1], m, wino.chunk_tiles(c, k), with_bias,
+                     kp)
         db = dbacc.sum(axis=0)
         dw = wino.weight_grad_transform(acc, m, k, c, self.dtype, self._nt(acc.size), POOL.run)   # sums the parts
         return dw, (db if with_bias else None)
@@ -320,7 +339,7 @@ class CPUBackend(Backend):
             wt = self._c(w[:, :, ::-1, ::-1].transpose(2, 3, 0, 1)).reshape(-1)   # (kh, kw, K, C)
             self._conv_fwd_core(dy, wt, np.empty(0, self.dtype), dx, tspec, n, ho, wo, k, c, h, wd)
             return dx
-        wt = self._c(w.transpose(2, 3, 1, 0)).reshape(-1)                    # (kh, kw, C, K)
+        wt = self._swap_outer(w, k, c, kh * kw)                             # (kh, kw, C, K)
         rb = max(1, min(ho, -(-_TARGET_ROWS // wo), _BUF_ELEMS // (wo * kh * kw * c)))
         with blas.blas_single_thread():
             POOL.run(kc.conv_bwd_data_scatter, self._nt(dx.size), blas.gemm_ptr(self.dtype), dy.reshape(-1), wt,
@@ -369,7 +388,7 @@ class CPUBackend(Backend):
             POOL.run(kc.conv_bwd_w, nt, blas.gemm_ptr(self.dtype), x.reshape(-1), dy.reshape(-1), acc, dbacc,
                      n, h, wd, c, k, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw, rb, fold, direct, bufsize, with_bias)
         dwt, db = (acc[0], dbacc[0]) if nt == 1 else (acc.sum(axis=0), dbacc.sum(axis=0))
-        dwu = np.ascontiguousarray(dwt.reshape(kh, kw, c, k).transpose(3, 2, 0, 1))
+        dwu = self._swap_outer(dwt, kh * kw, c, k).reshape(k, c, kh, kw)
         return dwu, (db if with_bias else None)
 
     # NumPy fallback (no callable BLAS): windows view (N, Ho, Wo, C, kh, kw) of the padded input
