@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from pydtnn.backends import ConvSpec, get_backend
+from pydtnn.backends import _cpu_conv as kc
 from pydtnn.backends import _cpu_winograd as wino
 from pydtnn.backends.cpu import CPUBackend
 from pydtnn.errors import ConfigError
@@ -98,20 +99,25 @@ def test_winograd_backward_vs_finite_differences(case):
                          ids=str)
 def test_every_split_of_the_parts_gives_the_same_convolution(case, kparts):
     """The parts of a pass take ranges of chunks (kparts 1), of output channels (kparts = parts), or both
-    (kparts 2 of 4 parts); forced here at 4 parts. All agree with the direct path, in all three passes."""
+    (kparts 2 of 4 parts); forced here at 4 parts, in the direct path's backward weights too. All agree with
+    the direct path on one part, in all three passes."""
     spec, x, w, b, rng = _setup(case, 3)
     be, db = _backend("float64"), _backend("float64", "direct")
     be.num_threads = 4
-    be._force_wino_kparts = kparts
+    be._force_kparts = kparts
+    split = _backend("float64", "direct")
+    split.num_threads, split._force_kparts = 4, kparts
+    db.num_threads = 1
     xi = be.to_internal(x)
     y, ctx = be.conv2d_forward(xi, w, b, spec)
     yd, ctxd = db.conv2d_forward(xi, w, b, spec)
     assert rel_err(y, yd) < 1e-12
     r = rng.standard_normal(y.shape)
     assert rel_err(be.conv2d_backward_data(r, w, ctx, spec), db.conv2d_backward_data(r, w, ctxd, spec)) < 1e-12
-    for got, want in zip(be.conv2d_backward_weights(r, ctx, spec, b is not None),
-                         db.conv2d_backward_weights(r, ctxd, spec, b is not None)):
-        assert (got is None and want is None) or rel_err(got, want) < 1e-12
+    for backend in (be, split):
+        for got, want in zip(backend.conv2d_backward_weights(r, ctx, spec, b is not None),
+                             db.conv2d_backward_weights(r, ctxd, spec, b is not None)):
+            assert (got is None and want is None) or rel_err(got, want) < 1e-12
 
 
 def test_the_split_rule():
@@ -123,6 +129,8 @@ def test_the_split_rule():
     assert wino.kparts(256, 64, 256, 256, 2, True) == 2            # ... but 36 x 256 x 256 accumulators
     assert wino.kparts(1024, 64, 32, 32, 2, True) == 1             # ResNet's 16x16, 32 channels
     assert wino.kparts(64, 64, 512, 512, 1, True) == 1
+    assert kc.weight_kparts(256, 4608, 512, 2) == 2                 # direct: VGG's 2x2 images, 256 rows
+    assert kc.weight_kparts(65536, 144, 16, 2) == 1 and kc.weight_kparts(256, 4608, 512, 1) == 1
 
 
 @pytest.mark.parametrize("m", [2, 4])

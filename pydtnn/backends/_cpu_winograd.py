@@ -31,6 +31,7 @@ import numpy as np
 from numba import njit, uint64
 
 from pydtnn.backends._cpu_blas import NO_TRANS, TRANS, addr, gemm
+from pydtnn.backends._cpu_conv import grid_part
 
 # The transforms' loops run over channels (3 to 64 here) and read and write 4-6 rows each. Two LLVM limits
 # kept them scalar: its vectorized loop body takes 64 float32 at a time (8 lanes x 4 interleaved) and
@@ -419,29 +420,16 @@ def _input_tiles(xf, t0, nb, tb, TH, TW, m, H, W, C, ph, pw, D, E, V):
 
 
 @njit(**_NJ)
-def _part(t, nt, kparts, nch, K):
-    """Part t of nt: (first chunk, end chunk, k0, k1). The parts form a grid of nt // kparts chunk ranges
-    by kparts ranges of output channels (k0 and k1 multiples of 8, so each range's loops start aligned)."""
-    g = t // kparts
-    q = t - g * kparts
-    pc = nt // kparts
-    per = (nch + pc - 1) // pc
-    k0 = (q * K // kparts) // 8 * 8
-    k1 = K if q == kparts - 1 else ((q + 1) * K // kparts) // 8 * 8
-    return g * per, min(nch, (g + 1) * per), k0, k1
-
-
-@njit(**_NJ)
 def fwd(t, nt, fp, xf, U, bias, yf, N, H, W, C, K, Ho, Wo, ph, pw, m, tb, kparts):
     """y (N, Ho, Wo, K) = conv3x3(x (N, H, W, C), padding (ph, pw)) + bias, from U (a*a, C, K); this part's
-    chunks and output channels (`_part`)."""
+    chunks and output channels (`grid_part`)."""
     one = xf.dtype.type(1.0)
     zero = xf.dtype.type(0.0)
     a = m + 2
     TH = (Ho + m - 1) // m
     TW = (Wo + m - 1) // m
     T = N * TH * TW
-    c0, c1, k0, k1 = _part(t, nt, kparts, (T + tb - 1) // tb, K)
+    c0, c1, k0, k1 = grid_part(t, nt, kparts, (T + tb - 1) // tb, K)
     kn = k1 - k0
     if kn <= 0:
         return
@@ -484,13 +472,13 @@ def fwd(t, nt, fp, xf, U, bias, yf, N, H, W, C, K, Ho, Wo, ph, pw, m, tb, kparts
 @njit(**_NJ)
 def bwd_w(t, nt, fp, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, ph, pw, m, tb, with_bias, kparts):
     """acc[g] (a*a, C, K) += sum over this part's tiles of V[e]^T (A dy A^T)[e], in its output channels, g its
-    chunk range (`_part`); dbacc[t] (K,) += the sum of dy in them."""
+    chunk range (`grid_part`); dbacc[t] (K,) += the sum of dy in them."""
     one = xf.dtype.type(1.0)
     a = m + 2
     TH = (Ho + m - 1) // m
     TW = (Wo + m - 1) // m
     T = N * TH * TW
-    c0, c1, k0, k1 = _part(t, nt, kparts, (T + tb - 1) // tb, K)
+    c0, c1, k0, k1 = grid_part(t, nt, kparts, (T + tb - 1) // tb, K)
     kn = k1 - k0
     if kn <= 0:
         return

@@ -107,7 +107,7 @@ class CPUBackend(Backend):
         self.use_blas_kernels = blas.GEMM_OK     # False: NumPy fallback for convolutions (also for tests)
         self._force_fold = False                 # tests/benchmarks: always use the im2col packing
         self._parallel_min = _PARALLEL_MIN       # tests: 0 runs even tiny kernels on several threads
-        self._force_wino_kparts: int | None = None   # tests/benchmarks: Winograd's channel split
+        self._force_kparts: int | None = None    # tests/benchmarks: the parts' channel split (grid_part)
         self._buffers: dict = {}                 # `_scratch`
         _cpu_heap.keep_heap()                    # freed arrays serve the next step's (no page faults)
 
@@ -257,11 +257,12 @@ class CPUBackend(Backend):
             buf = self._buffers[name] = np.empty(size, self.dtype)
         return buf[:size]
 
-    def _wino_kparts(self, n, ho, wo, c, k, nt, weights_pass):
-        """How many output-channel ranges the parts split into (`wino.kparts`; tests force one)."""
-        if self._force_wino_kparts is not None:
-            return self._force_wino_kparts if nt % self._force_wino_kparts == 0 else 1
-        return wino.kparts(wino.tiles(n, ho, wo), wino.chunk_tiles(c, k), c, k, nt, weights_pass)
+    def _kparts(self, rule, nt):
+        """The channel split of a pass's parts (`kc.grid_part`): the rule's, or the one a test forces."""
+        forced = self._force_kparts
+        if forced is not None:
+            return forced if nt % forced == 0 else 1
+        return rule
 
     def _wino_fwd(self, x, u, bias, y, padding):
         n, h, wd, c = x.shape
@@ -269,7 +270,7 @@ class CPUBackend(Backend):
         m = wino.TILE
         tb = wino.chunk_tiles(c, k)
         nt = self._nt(max(x.size, y.size))
-        kp = self._wino_kparts(n, ho, wo, c, k, nt, False)
+        kp = self._kparts(wino.kparts(wino.tiles(n, ho, wo), tb, c, k, nt, False), nt)
         with blas.blas_single_thread():
             POOL.run(wino.fwd, nt, blas.gemm_ptr(self.dtype), x.reshape(-1), u.reshape(-1), bias, y.reshape(-1),
                      n, h, wd, c, k, ho, wo, padding[0], padding[1], m, tb, kp)
@@ -280,7 +281,7 @@ class CPUBackend(Backend):
         m = wino.TILE
         a = m + 2
         nt = self._nt(max(x.size, dy.size))
-        kp = self._wino_kparts(n, ho, wo, c, k, nt, True)
+        kp = self._kparts(wino.kparts(wino.tiles(n, ho, wo), wino.chunk_tiles(c, k), c, k, nt, True), nt)
         groups = nt // kp                       # one accumulator per range of chunks
         acc = self._scratch("winograd_du", groups * a * a * c * k).reshape(groups, -1)
         acc.fill(0)
@@ -382,11 +383,14 @@ class CPUBackend(Backend):
             db = dbacc.sum(axis=0).astype(self.dtype) if with_bias else None
             return acc.sum(axis=0).astype(self.dtype), db
         rb, fold, direct, bufsize, nt = self._conv_plan(spec, n, h, wd, c, k, ho, wo, _TARGET_ROWS_BWD_W)
-        acc = np.zeros((nt, kh * kw * c * k), self.dtype)
+        kp = self._kparts(kc.weight_kparts(n * ho * wo, kh * kw * c, k, nt), nt)
+        groups = nt // kp                       # one accumulator per range of rows
+        acc = np.zeros((groups, kh * kw * c * k), self.dtype)
         dbacc = np.zeros((nt, k), self.dtype)
         with blas.blas_single_thread():
             POOL.run(kc.conv_bwd_w, nt, blas.gemm_ptr(self.dtype), x.reshape(-1), dy.reshape(-1), acc, dbacc,
-                     n, h, wd, c, k, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw, rb, fold, direct, bufsize, with_bias)
+                     n, h, wd, c, k, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw, rb, fold, direct, bufsize, with_bias,
+                     kp)
         dwt, db = (acc[0], dbacc[0]) if nt == 1 else (acc.sum(axis=0), dbacc.sum(axis=0))
         dwu = self._swap_outer(dwt, kh * kw, c, k).reshape(k, c, kh, kw)
         return dwu, (db if with_bias else None)
