@@ -171,6 +171,13 @@ CONV_CASES = [
     (2, 8, 7, 7, 8, (3, 3), (1, 1), (1, 1), (1, 1), 8, True),        # depthwise
     (2, 8, 9, 8, 8, (3, 3), (2, 2), (1, 1), (1, 1), 8, False),       # depthwise stride 2
     (1, 5, 9, 10, 5, (3, 3), (1, 1), (2, 2), (2, 2), 5, True),       # depthwise dilation 2
+    # at most 4 output pixels: one GEMM per (pixel, tap inside the image), `_cpu_pixels` (9 filters: not
+    # the planes kernels)
+    (3, 6, 2, 2, 20, (3, 3), (1, 1), (1, 1), (1, 1), 1, True),       # VGG's 2x2 images
+    (2, 5, 3, 3, 4, (3, 3), (2, 2), (1, 1), (1, 1), 1, False),       # stride 2 -> 2x2
+    (2, 4, 1, 1, 9, (3, 3), (1, 1), (1, 1), (1, 1), 1, True),        # 1x1 image: the centre tap only
+    (2, 3, 5, 4, 9, (3, 3), (2, 2), (1, 1), (2, 2), 1, True),        # dilation 2 -> 2x1
+    (2, 3, 2, 2, 9, (1, 1), (2, 2), (1, 1), (1, 1), 1, True),        # a pixel with no tap inside: bias only
 ]
 
 
@@ -221,7 +228,7 @@ def test_conv_backward_vs_finite_differences(case, be64):
     assert abs(np.sum(yv * r) - np.sum(v * dx)) < 1e-9 * np.abs(yv * r).sum()
 
 
-@pytest.mark.parametrize("case", [CONV_CASES[i] for i in (0, 1, 4, 7, 9, 11, 14, 15, 16, 17)],
+@pytest.mark.parametrize("case", [CONV_CASES[i] for i in (0, 1, 4, 7, 9, 11, 14, 15, 16, 17, 19, 22)],
                          ids=lambda c: str(c[:10]))
 def test_conv_float32_matches_float64(case, be32, be64):
     spec, x, w, b, rng = _conv_setup(case, seed=2)
@@ -238,7 +245,8 @@ def test_conv_float32_matches_float64(case, be32, be64):
     assert rel_err(dx32, dx64) < 2e-6 and rel_err(dw32, dw64) < 1e-5 and rel_err(db32, db64) < 1e-5
 
 
-@pytest.mark.parametrize("case", [CONV_CASES[i] for i in (0, 1, 4, 7, 9, 11, 13, 14, 15)], ids=lambda c: str(c[:10]))
+@pytest.mark.parametrize("case", [CONV_CASES[i] for i in (0, 1, 4, 7, 9, 11, 13, 14, 15, 19, 20, 23)],
+                         ids=lambda c: str(c[:10]))
 def test_conv_other_paths_agree(case):
     """The plain-NumPy fallback (no BLAS callable from numba), the im2col ("fold") packing, 1 thread and
     3 threads all agree with the reference and with the default path."""
