@@ -52,20 +52,44 @@ def test_matmul_matches_numpy_on_every_layout(threads):
 
 
 def test_matmul_runs_on_the_pool_and_fills_out(monkeypatch):
+    """A single product runs as `linear_parts` (no bias), a batch as `gemm_parts`, both on 2 parts."""
     calls = []
-    inner = kmm.gemm_parts
+    for name in ("gemm_parts", "linear_parts"):
+        inner = getattr(kmm, name)
 
-    def counted(*args):
-        calls.append(args[1])
-        return inner(*args)
-    monkeypatch.setattr(kmm, "gemm_parts", counted)
+        def counted(*args, _inner=inner, _name=name):
+            calls.append((_name, args[1]))
+            return _inner(*args)
+        monkeypatch.setattr(kmm, name, counted)
     rng = np.random.default_rng(1)
     be = _backend("float32", 2)
     x, dy = rng.standard_normal((64, 40)).astype(np.float32), rng.standard_normal((64, 9)).astype(np.float32)
     out = np.full((40, 9), np.nan, np.float32)
     assert be.matmul(x.T, dy, out=out) is out
-    assert calls and all(nt == 2 for nt in calls)
+    assert set(calls) == {("linear_parts", 2)}       # each part of 2 (the pool calls a Python callable per part)
     assert np.all(np.abs(out - x.T.astype(np.float64) @ dy) <= _bound(x.T, dy, np.float32))
+    calls.clear()
+    batch = rng.standard_normal((3, 64, 40)).astype(np.float32)
+    got = be.matmul(batch, x.T)
+    assert set(calls) == {("gemm_parts", 2)}
+    assert np.all(np.abs(got - batch.astype(np.float64) @ x.T) <= _bound(batch, x.T, np.float32))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_linear_adds_the_bias_in_the_product(threads):
+    """x @ w + b on every 2-D layout FC and attention pass (w transposed, wide outputs split by columns),
+    with and without a bias, within the product's error bound (the bias enters exactly, before the sum)."""
+    rng = np.random.default_rng(3)
+    be = _backend("float64", threads)
+    for name, a, w in _views(rng, np.float64):
+        if a.ndim != 2 or w.ndim != 2:
+            continue
+        b = rng.standard_normal(w.shape[1])
+        for bias in (b, None):
+            got = be.linear(a, w, bias)
+            ref = np.einsum("ik,kj->ij", a, w) + (0 if bias is None else bias)
+            assert got.shape == ref.shape and got.flags.c_contiguous, name
+            assert np.all(np.abs(got - ref) <= _bound(a, w, np.float64) + 4 * np.finfo(np.float64).eps * np.abs(ref)), name
 
 
 def test_matmul_float32_float64_and_odd_cases_fall_back():

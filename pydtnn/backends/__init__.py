@@ -167,6 +167,14 @@ class Backend:
     def matmul(self, a, b, out=None):      # a @ b as numpy.matmul (FC, attention); the CPU backend threads it
         return self.xp.matmul(a, b, out=out)
 
+    def linear(self, x, w, b=None):
+        """x @ w + b for 2-D x and w (w may be a transposed view), b of w's columns or None: the FC and
+        attention projections (the CPU backend writes b into the output rows before the product adds on)."""
+        y = self.matmul(x, w)
+        if b is not None:
+            y += b
+        return y
+
     def gelu_forward(self, x):
         """(y, ctx) of the exact GELU y = x Phi(x), Phi through erfc (accurate in both tails)."""
         cdf = 0.5 * self.erfc(x * x.dtype.type(-0.7071067811865476))

@@ -14,7 +14,7 @@ split along its longer output side.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, uint64
 
 from pydtnn.backends._cpu_blas import NO_TRANS, TRANS, gemm
 
@@ -42,6 +42,28 @@ def gemm_parts(t, nt, fptr, a, b, c, a_off, b_off, c_off, m, n, k, ta, tb, lda, 
         if c1 > c0:
             gemm(fptr, ta, tb, m, c1 - c0, k, alpha, a + a_off[0], lda, b + b_off[0] + c0 * b_cstride, ldb,
                  beta, c + c_off[0] + c0 * item, ldc)
+
+
+@njit(**_NJ)
+def linear_parts(t, nt, fptr, a, b, y, bias, m, n, k, ta, tb, lda, ldb, a_rstride, b_cstride):
+    """Part t of nt of y (m, n) = A B + bias (bias of n, or empty: none), A and B at addresses a and b: the
+    part's block of y (rows when m >= n, else columns) is set to the bias rows, then the GEMM accumulates
+    onto it (beta = 1; OpenBLAS's beta = 0 is a zeroing pass of its own), so the bias costs no extra pass."""
+    if m >= n:
+        r0, r1, c0, c1 = t * m // nt, (t + 1) * m // nt, 0, n
+    else:
+        r0, r1, c0, c1 = 0, m, t * n // nt, (t + 1) * n // nt
+    if r1 <= r0 or c1 <= c0:
+        return
+    beta = y.dtype.type(0.0)
+    if bias.size > 0:
+        beta = y.dtype.type(1.0)
+        for r in range(uint64(r0), uint64(r1)):      # unsigned offsets: the loop vectorizes
+            row = r * uint64(n)
+            for c in range(uint64(c0), uint64(c1)):
+                y[row + c] = bias[c]
+    gemm(fptr, ta, tb, r1 - r0, c1 - c0, k, y.dtype.type(1.0), a + r0 * a_rstride, lda, b + c0 * b_cstride, ldb,
+         beta, y.ctypes.data + (r0 * n + c0) * y.itemsize, n)
 
 
 def operand(a):

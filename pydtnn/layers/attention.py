@@ -49,10 +49,9 @@ class MultiHeadAttention(Layer):
         return in_shape
 
     def forward(self, x, training=False):
-        mm = self.backend.matmul      # the backend's threads (CPU: no nested BLAS threads)
         n, t, d = x.shape
         self.x = x
-        self.qkv = mm(x.reshape(n * t, d), self.in_proj_weight.T) + self.in_proj_bias     # (N T, 3D)
+        self.qkv = self.backend.linear(x.reshape(n * t, d), self.in_proj_weight.T, self.in_proj_bias)  # (N T, 3D)
         self.mask = None
         if training and self.dropout:
             keep = 1.0 - self.dropout
@@ -61,7 +60,7 @@ class MultiHeadAttention(Layer):
             self.mask *= x.dtype.type(1 / keep)
         self.context, self.attn = self.backend.attention_forward(self.qkv, n, t, self.num_heads, self.causal,
                                                                  self.mask)
-        y = mm(self.context, self.out_proj_weight.T) + self.out_proj_bias
+        y = self.backend.linear(self.context, self.out_proj_weight.T, self.out_proj_bias)
         return y.reshape(n, t, d)
 
     def backward(self, dy):

@@ -34,11 +34,9 @@ class FC(Layer):
 
     def forward(self, x, training=False):
         self.x = x
-        mm = self.backend.matmul          # the backend's threads (CPU: one pool, no nested BLAS threads)
-        y = mm(x.reshape(-1, x.shape[-1]), self.weights).reshape(x.shape[:-1] + (self.out_features,))
-        if self.use_bias:
-            y += self.biases
-        return y
+        # the backend's threads (CPU: one pool, no nested BLAS threads), the bias added in the same pass
+        y = self.backend.linear(x.reshape(-1, x.shape[-1]), self.weights, self.biases if self.use_bias else None)
+        return y.reshape(x.shape[:-1] + (self.out_features,))
 
     def backward(self, dy):
         x = self.x
