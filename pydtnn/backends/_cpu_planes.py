@@ -79,6 +79,8 @@ def bwd_w(t, nt, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, kh, kw, ph, pw, dh,
     L = uint64(Ho * Wp)
     planes = np.zeros(C * P + (kw - 1) * dw, xf.dtype)
     g = np.zeros(K * Ho * Wp, xf.dtype)          # dy planes; columns wo >= Wo stay zero
+    at = np.zeros((K, C, kh, kw))                # thread-private sums (no line shared with the next part's)
+    dbt = np.zeros(K)
     per = (N + nt - 1) // nt
     for n in range(t * per, min(N, (t + 1) * per)):
         _fill_planes(xf, n, H, W, C, Hp, Wp, ph, pw, planes)
@@ -93,7 +95,7 @@ def bwd_w(t, nt, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, kh, kw, ph, pw, dh,
                 sb = xf.dtype.type(0)
                 for l in range(L):
                     sb += g[gk + l]
-                dbacc[t, k] += sb
+                dbt[k] += sb
             for c in range(C):
                 for i in range(kh):
                     for j in range(kw):
@@ -101,4 +103,6 @@ def bwd_w(t, nt, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, kh, kw, ph, pw, dh,
                         s = xf.dtype.type(0)
                         for l in range(L):
                             s += planes[off + l] * g[gk + l]
-                        acc[t, k, c, i, j] += s
+                        at[k, c, i, j] += s
+    acc[t] = at
+    dbacc[t] = dbt
