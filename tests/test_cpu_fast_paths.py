@@ -309,22 +309,32 @@ def _float32_sample():
 def test_gelu_float32_kernel_within_one_ulp_of_libm():
     """The fit's relative error (8.4e-10) and exp's (~1e-15) stay far below half an ulp (6e-8) before the
     one rounding to float32, so Phi is within 1 ulp (|err| <= 2^-23 |Phi|, or half the smallest subnormal),
-    y = x Phi within 2 (Phi's, then the product's rounding), and the backward factor Phi + x phi, which
-    uses the stored float32 Phi, within 2 eps32 * (Phi + |x phi|) (its terms cancel near x = -0.75)."""
+    y = x Phi within 2 (Phi's, then the product's rounding), and the derivative Phi + x phi the forward keeps
+    for the backward, from the float32 Phi, within 2 eps32 * (Phi + |x phi|) (its terms cancel near
+    x = -0.75); the backward multiplies dy = 1 by it exactly."""
     import math
+    from numba import njit
+    from pydtnn.backends._cpu_special import ndtr32
+
+    @njit
+    def phi_of(x, out):
+        for i in range(x.size):
+            out[i] = ndtr32(x[i])
     x = _float32_sample()
     be = _backend("float32", 3)
-    y, (x_kept, cdf) = be.gelu_forward(x.reshape(1, -1))
+    y, dfac = be.gelu_forward(x.reshape(1, -1))
+    cdf = np.empty_like(x)
+    phi_of(x, cdf)
     xd = x.astype(np.float64)
     phi_ref = np.array([0.5 * math.erfc(-v / math.sqrt(2)) for v in xd])
     tiny = 2.0 ** -149
     eps = 2.0 ** -23
-    assert np.all(np.abs(cdf[0] - phi_ref) <= eps * phi_ref + tiny / 2)
+    assert np.all(np.abs(cdf - phi_ref) <= eps * phi_ref + tiny / 2)
     assert np.all(np.abs(y[0] - xd * phi_ref) <= 2 * eps * np.abs(xd * phi_ref) + 16 * tiny)
-    dy = np.ones_like(y)
-    dx = be.gelu_backward(dy, (x_kept, cdf))
+    dx = be.gelu_backward(np.ones_like(y), dfac)
     pdf = np.exp(-0.5 * xd * xd) / math.sqrt(2 * math.pi)
     assert np.all(np.abs(dx[0] - (phi_ref + xd * pdf)) <= 2 * eps * (phi_ref + np.abs(xd * pdf)) + tiny)
+    np.testing.assert_array_equal(dx, dfac)
 
 
 def test_gelu_float32_kernel_special_values():
@@ -334,10 +344,24 @@ def test_gelu_float32_kernel_special_values():
     y, ctx = be.gelu_forward(x)
     assert np.isnan(y[0, 0]) and y[0, 1] == np.inf and np.isnan(y[0, 2])
     np.testing.assert_array_equal(y[0, 3:], [0.0, 0.0, 30.0, 0.0])
-    np.testing.assert_array_equal(ctx[1][0, 3:], [0.5, 0.5, 1.0, 0.0])
+    np.testing.assert_array_equal(ctx[0, 3:], [0.5, 0.5, 1.0, 0.0])       # the derivative kept for backward
     dx = be.gelu_backward(np.ones_like(x), ctx)
     assert np.isnan(dx[0, 0])
     np.testing.assert_array_equal(dx[0, 3:], [0.5, 0.5, 1.0, 0.0])
+
+
+def test_gelu_of_another_dtype_falls_back_consistently():
+    """float64 input to a float32 backend: the device-independent formula forward (its erfc is the
+    backend's, float32: ~1e-7 relative), and the derivative from that Phi kept for backward."""
+    import math
+    be = _backend("float32", 2)
+    x = np.linspace(-5, 5, 11)
+    y, ctx = be.gelu_forward(x)
+    phi = np.array([0.5 * math.erfc(-v / math.sqrt(2)) for v in x])
+    np.testing.assert_allclose(y, x * phi, rtol=1e-6)
+    dy = np.linspace(1, 2, 11)
+    np.testing.assert_allclose(be.gelu_backward(dy, ctx), dy * (phi + x * np.exp(-x * x / 2) / math.sqrt(2 * math.pi)),
+                               rtol=1e-6, atol=1e-7)
 
 
 # --- glibc's heap kept for reuse (`_cpu_heap`) ---------------------------------------------------------

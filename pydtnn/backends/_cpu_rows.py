@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit, uint64
 
 from pydtnn.backends._cpu_kernels import _part
-from pydtnn.backends._cpu_special import _NJ_EXACT, _U_MAX, exp_neg, ndtr32
+from pydtnn.backends._cpu_special import _NJ_EXACT, ndtr32_parts
 
 # fast math that keeps NaN and inf (a diverged run must show in its loss); reassociation lets the row sums
 # vectorize (without it they ran scalar, slower than NumPy's passes)
@@ -23,44 +23,38 @@ _RSQRT2 = 1.0 / math.sqrt(2.0)
 _RSQRT2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-@njit(**_NJ)
-def gelu_fwd(t, nt, x, y, cdf, n):
-    """cdf = Phi(x) = erfc(-x / sqrt 2) / 2 (accurate in both tails), y = x * cdf."""
-    i0, i1 = _part(t, nt, n)
-    for i in range(uint64(i0), uint64(i1)):
-        c = 0.5 * math.erfc(-x[i] * _RSQRT2)
-        cdf[i] = c
-        y[i] = x[i] * c
-
+# GELU's forward also writes its derivative Phi(x) + x phi(x): the backward is then dy times it, one pass
+# (it recomputed phi's exponential: 1.75 ns an element in float32, as much as half the forward).
 
 @njit(**_NJ)
-def gelu_bwd(t, nt, dy, x, cdf, dx, n):
-    """dx = dy * (Phi(x) + x phi(x)), phi the standard normal density."""
+def gelu_fwd(t, nt, x, y, dfac, n):
+    """y = x Phi(x), Phi = erfc(-x / sqrt 2) / 2 (accurate in both tails); dfac = Phi + x phi(x)."""
     i0, i1 = _part(t, nt, n)
     for i in range(uint64(i0), uint64(i1)):
         v = x[i]
-        dx[i] = dy[i] * (cdf[i] + v * _RSQRT2PI * math.exp(-0.5 * v * v))
+        c = 0.5 * math.erfc(-v * _RSQRT2)
+        y[i] = v * c
+        dfac[i] = c + v * _RSQRT2PI * math.exp(-0.5 * v * v)
 
 
 @njit(**_NJ_EXACT)
-def gelu32_fwd(t, nt, x, y, cdf, n):
-    """float32: as `gelu_fwd`, Phi from `ndtr32` (no libm call: the loop vectorizes)."""
+def gelu32_fwd(t, nt, x, y, dfac, n):
+    """float32: as `gelu_fwd`, Phi from `ndtr32_parts` (no libm call: the loop vectorizes), rounded to
+    float32 before both uses (y = x * Phi in float32; dfac from it and phi in float64, rounded once)."""
     i0, i1 = _part(t, nt, n)
     for i in range(uint64(i0), uint64(i1)):
-        c = x.dtype.type(ndtr32(x[i]))
-        cdf[i] = c
+        phi, g = ndtr32_parts(x[i])
+        c = x.dtype.type(phi)
         y[i] = x[i] * c
+        dfac[i] = x.dtype.type(float(c) + float(x[i]) * _RSQRT2PI * g)
 
 
-@njit(**_NJ_EXACT)
-def gelu32_bwd(t, nt, dy, x, cdf, dx, n):
-    """float32: as `gelu_bwd`, phi from `exp_neg` (float64 inside, rounded once)."""
+@njit(**_NJ)
+def gelu_bwd(t, nt, dy, dfac, dx, n):
+    """dx = dy * dfac (the forward's Phi + x phi)."""
     i0, i1 = _part(t, nt, n)
     for i in range(uint64(i0), uint64(i1)):
-        v = float(x[i])
-        u = 0.5 * v * v
-        g = exp_neg(u) if u <= _U_MAX else 0.0      # phi(15) ~ 6e-50: 0 in float32 beyond
-        dx[i] = dy[i] * x.dtype.type(cdf[i] + v * _RSQRT2PI * g)
+        dx[i] = dy[i] * dfac[i]
 
 
 @njit(**_NJ)

@@ -493,23 +493,24 @@ class CPUBackend(Backend):
 
     # --- GELU and last-axis LayerNorm (the sequence layers): one pass each way, numba ------------------
     def gelu_forward(self, x):
+        """(y, ctx): ctx is GELU's derivative Phi(x) + x phi(x), written in the same pass (`_cpu_rows`)."""
         if x.dtype != self.dtype:
-            return super().gelu_forward(x)
+            y, (x, cdf) = super().gelu_forward(x)
+            return y, cdf + x * np.exp(-0.5 * x * x) * x.dtype.type(krows._RSQRT2PI)
         x = self._c(x)
-        y, cdf = np.empty_like(x), np.empty_like(x)
+        y, dfac = np.empty_like(x), np.empty_like(x)
         kernel = krows.gelu32_fwd if x.dtype == np.float32 else krows.gelu_fwd      # float64: libm's erfc
-        POOL.run(kernel, self._nt(x.size), x.reshape(-1), y.reshape(-1), cdf.reshape(-1), x.size)
-        return y, (x, cdf)
+        POOL.run(kernel, self._nt(x.size), x.reshape(-1), y.reshape(-1), dfac.reshape(-1), x.size)
+        return y, dfac
 
     def gelu_backward(self, dy, ctx):
-        x, cdf = ctx
-        if dy.dtype != self.dtype or dy.shape != x.shape:
-            return super().gelu_backward(dy, ctx)
+        dfac = ctx
+        if dy.dtype != self.dtype or dy.shape != dfac.shape:
+            return dy * dfac
         dy = self._c(dy)
         dx = np.empty_like(dy)
-        kernel = krows.gelu32_bwd if dy.dtype == np.float32 else krows.gelu_bwd
-        POOL.run(kernel, self._nt(dy.size), dy.reshape(-1), x.reshape(-1), cdf.reshape(-1),
-                 dx.reshape(-1), dy.size)
+        POOL.run(krows.gelu_bwd, self._nt(dy.size // _CHEAP), dy.reshape(-1), dfac.reshape(-1), dx.reshape(-1),
+                 dy.size)
         return dx
 
     def layernorm_forward(self, x, gamma, beta, eps: float):
