@@ -214,6 +214,33 @@ def test_float32_softmax_on_long_rows(length):
     np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_softmax_rows_keep_nan_and_minus_inf(dtype):
+    """A NaN score makes its row NaN (a diverged run must show); -inf weighs 0; the other rows are exact
+    softmaxes (the row maximum skips its NaN-free fast loop only for the NaN row)."""
+    be = _backend(dtype, 2)
+    s = np.array([[1, np.nan, 2], [0, -np.inf, 3], [0, 0, 1], [-1, -np.inf, -np.inf]], dtype)
+    got = be.softmax(s.copy())
+    assert np.all(np.isnan(got[0]))
+    want = np.exp(s[1:] - s[1:].max(-1, keepdims=True))
+    np.testing.assert_allclose(got[1:], want / want.sum(-1, keepdims=True), rtol=4 * np.finfo(dtype).eps * 8)
+    assert got[1, 1] == 0 and got[3, 0] == 1
+
+
+def test_softmax_backward_float32_against_float64():
+    """g <- y (g - <g, y>) in float32: the dot product in float32 blocks of 64 (8 lanes: <= 11 eps32 of
+    sum |g y|), then two roundings; against float64, relative to |y| (|g| + sum |g y|)."""
+    be32, be64 = _backend("float32", 2), _backend("float64", 2)
+    rng = np.random.default_rng(9)
+    for length in (17, 200):
+        y = be64.softmax(rng.standard_normal((40, length)) * 3)
+        g = rng.standard_normal((40, length))
+        want = be64.softmax_backward(y, g.copy())
+        got = be32.softmax_backward(y.astype(np.float32), g.astype(np.float32))
+        scale = np.abs(y) * (np.abs(g) + (np.abs(g) * y).sum(-1, keepdims=True))
+        assert np.all(np.abs(got - want) <= 16 * 2.0 ** -24 * scale + 1e-30)
+
+
 # --- GELU and last-axis LayerNorm kernels (`_cpu_rows`), every size split over 3 parts ------------------
 
 def test_gelu_kernels_match_the_formula_and_finite_differences():

@@ -19,6 +19,34 @@ _NJ = {"cache": True, "boundscheck": False, "nogil": True, "fastmath": {"nsz", "
        "error_model": "numpy"}
 _EXP_UNDERFLOW = 708.0      # exp(-u) for u beyond: below float64's smallest normal, 0
 _SUM_BLOCK = 64
+# the row maximum's loop may assume no NaN (a select reduction vectorizes only then); it runs only on rows
+# `_has_nan` found free of NaN, so the assumption always holds
+_NJ_NO_NAN = dict(_NJ, fastmath=_NJ["fastmath"] | {"nnan"})
+
+
+@njit(**_NJ)
+def _has_nan(s, base, n):
+    bad = False
+    for j in range(n):
+        v = s[base + j]
+        bad |= v != v
+    return bad
+
+
+@njit(**_NJ_NO_NAN)
+def _max_of_numbers(s, base, n):
+    m = s.dtype.type(-np.inf)
+    for j in range(n):
+        v = s[base + j]
+        m = v if v > m else m
+    return m
+
+
+@njit(**_NJ)
+def _row_max(s, base, n):
+    """The row's maximum, NaN if it holds one: two vectorized passes (the one NaN-aware loop ran scalar:
+    softmax of the ViT's rows of 17, 161 -> 136 us for 256 x 17 rows)."""
+    return s.dtype.type(np.nan) if _has_nan(s, base, n) else _max_of_numbers(s, base, n)
 
 
 def _exp_below(m, v):
@@ -50,11 +78,7 @@ def softmax_rows(t, nt, s, rows, length, causal):
     for r in range(r0, r1):
         base = uint64(r) * lu          # unsigned offsets: see `_cpu_kernels`
         valid = lu if causal == 0 else uint64(r % causal) + uint64(1)     # row i of a T x T matrix: j <= i
-        m = s.dtype.type(-np.inf)
-        for j in range(valid):
-            v = s[base + j]
-            if v > m or v != v:
-                m = v
+        m = _row_max(s, base, valid)
         # the sum in blocks of _SUM_BLOCK in the scores' precision (a float32 sum keeps the loop 8 wide; the
         # float64 one did not vectorize), the blocks' sums in float64: relative error <= (_SUM_BLOCK / 8 + 3)
         # eps32 (8 lanes) at any row length
@@ -78,12 +102,22 @@ def softmax_rows(t, nt, s, rows, length, causal):
 
 @njit(**_NJ)
 def softmax_backward_rows(t, nt, y, g, rows, length):
-    """g <- y * (g - sum_j g_j y_j), row by row, in place (the softmax's backward)."""
+    """g <- y * (g - sum_j g_j y_j), row by row, in place (the softmax's backward). The dot product is summed
+    as the forward's row sum (blocks of _SUM_BLOCK in the data's precision, the blocks in float64), with
+    unsigned offsets: both loops vectorize (the ViT's 256 x 17 rows of 17: 144 -> 41 us)."""
     r0, r1 = _part(t, nt, rows)
-    for r in range(r0, r1):
-        base = r * length
+    lu = uint64(length)
+    for r in range(uint64(r0), uint64(r1)):
+        base = r * lu
         dot = 0.0
-        for j in range(length):
-            dot += g[base + j] * y[base + j]
-        for j in range(length):
-            g[base + j] = y[base + j] * (g[base + j] - dot)
+        j0 = uint64(0)
+        while j0 < lu:
+            j1 = min(j0 + uint64(_SUM_BLOCK), lu)
+            part = g.dtype.type(0)
+            for j in range(j0, j1):
+                part += g[base + j] * y[base + j]
+            dot += part
+            j0 = j1
+        d = g.dtype.type(dot)
+        for j in range(lu):
+            g[base + j] = y[base + j] * (g[base + j] - d)
