@@ -92,6 +92,28 @@ def test_linear_adds_the_bias_in_the_product(threads):
             assert np.all(np.abs(got - ref) <= _bound(a, w, np.float64) + 4 * np.finfo(np.float64).eps * np.abs(ref)), name
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_linear_weight_grads_in_both_weight_layouts(threads):
+    """dw = x^T dy (in, out) or dy^T x (out, in), and db = dy summed over rows (float64 sums), against
+    einsum; wide and tall weight matrices (the GEMM split by columns or by rows), with and without bias."""
+    rng = np.random.default_rng(5)
+    be = _backend("float32", threads)
+    for rows, fi, fo in ((70, 9, 33), (70, 33, 9), (1, 4, 4)):
+        x, dy = rng.standard_normal((rows, fi)).astype(np.float32), rng.standard_normal((rows, fo)).astype(np.float32)
+        want = np.einsum("ri,ro->io", x.astype(np.float64), dy)
+        bound = _bound(x.T, dy, np.float32)
+        for out_in in (False, True):
+            dw = np.full((fo, fi) if out_in else (fi, fo), np.nan, np.float32)
+            db = np.full(fo, np.nan, np.float32)
+            be.linear_weight_grads(x, dy, dw, db, out_in=out_in)
+            got = dw.T if out_in else dw
+            assert np.all(np.abs(got - want) <= bound), (rows, fi, fo, out_in)
+            sums = dy.astype(np.float64).sum(axis=0)      # float64 sum (rows eps64 of sum |dy|), rounded once
+            assert np.all(np.abs(db - sums) <= 2.0 ** -24 * np.abs(sums) + rows * 2.0 ** -52 * np.abs(dy).sum(axis=0))
+            be.linear_weight_grads(x, dy, dw, None, out_in=out_in)
+            assert np.all(np.abs((dw.T if out_in else dw) - want) <= bound)
+
+
 def test_matmul_float32_float64_and_odd_cases_fall_back():
     rng = np.random.default_rng(2)
     be = _backend("float32", 2)

@@ -175,6 +175,17 @@ class Backend:
             y += b
         return y
 
+    def linear_weight_grads(self, x, dy, dw, db=None, out_in=False):
+        """The weight and bias gradients of `linear` for 2-D x (rows, in) and dy (rows, out), into the given
+        arrays: dw = x^T dy (in, out), or dy^T x (out, in) with `out_in` (weights stored as PyTorch's);
+        db (None: no bias) = dy summed over rows."""
+        if out_in:
+            self.matmul(dy.T, x, out=dw)
+        else:
+            self.matmul(x.T, dy, out=dw)
+        if db is not None:
+            dy.sum(axis=0, out=db)
+
     def gelu_forward(self, x):
         """(y, ctx) of the exact GELU y = x Phi(x), Phi through erfc (accurate in both tails)."""
         cdf = 0.5 * self.erfc(x * x.dtype.type(-0.7071067811865476))

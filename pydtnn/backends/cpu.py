@@ -744,6 +744,24 @@ class CPUBackend(Backend):
             return super().linear(x, w, b)
         return self._product(x, w, self._no_bias if b is None else self._vec(b), None)
 
+    def linear_weight_grads(self, x, dy, dw, db=None, out_in=False):
+        """dw and db in one pool run (`kmm.weight_grad_parts`): the GEMM's parts and the bias sums' columns."""
+        if x.ndim != 2 or dy.ndim != 2:
+            return super().linear_weight_grads(x, dy, dw, db, out_in)
+        rows, (fi, fo) = x.shape[0], (x.shape[1], dy.shape[1])
+        ok = (self.use_blas_kernels and dy.shape[0] == rows > 0
+              and x.dtype == dy.dtype == dw.dtype == self.dtype and dw.shape == ((fo, fi) if out_in else (fi, fo))
+              and dw.flags.c_contiguous and dy.flags.c_contiguous and x.strides[1] == x.itemsize
+              and (db is None or (db.shape == (fo,) and db.dtype == self.dtype and db.flags.c_contiguous)))
+        if not ok:
+            return super().linear_weight_grads(x, dy, dw, db, out_in)
+        a, b = (dy, x) if out_in else (x, dy)          # dw = a^T b
+        m, n = a.shape[1], b.shape[1]
+        with blas.blas_single_thread():
+            POOL.run(kmm.weight_grad_parts, self._nt(m * n * rows // _MACS_PER_ELEMENT), blas.gemm_ptr(self.dtype),
+                     a.ctypes.data, a.strides[0] // a.itemsize, b.ctypes.data, b.strides[0] // b.itemsize,
+                     dw.reshape(-1), self._no_bias if db is None else db, dy.reshape(-1), m, n, rows)
+
     def _product(self, a, b, bias, out):
         """a @ b + bias (empty: none) for 2-D operands, into `out` (C-contiguous) or a new array: one GEMM a
         part, without the batch machinery of `matmul` (about 25 us of Python a call, against GEMMs of

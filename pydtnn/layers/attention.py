@@ -67,13 +67,11 @@ class MultiHeadAttention(Layer):
         mm = self.backend.matmul
         n, t, d = dy.shape
         dy2 = dy.reshape(n * t, d)
-        mm(dy2.T, self.context, out=self.d_out_proj_weight)
-        dy2.sum(axis=0, out=self.d_out_proj_bias)
+        self.backend.linear_weight_grads(self.context, dy2, self.d_out_proj_weight, self.d_out_proj_bias, out_in=True)
         dqkv = self.backend.attention_backward(mm(dy2, self.out_proj_weight), self.qkv, self.attn, self.mask,
                                                n, t, self.num_heads)
         x2 = self.x.reshape(n * t, d)
-        mm(dqkv.T, x2, out=self.d_in_proj_weight)
-        dqkv.sum(axis=0, out=self.d_in_proj_bias)
+        self.backend.linear_weight_grads(x2, dqkv, self.d_in_proj_weight, self.d_in_proj_bias, out_in=True)
         if not self.input_grad_needed:
             return None
         return mm(dqkv, self.in_proj_weight).reshape(n, t, d)

@@ -44,8 +44,5 @@ class FC(Layer):
             x, dy_rows = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
         else:
             dy_rows = dy
-        mm = self.backend.matmul
-        mm(x.T, dy_rows, out=self.dw)
-        if self.use_bias:
-            dy_rows.sum(axis=0, out=self.db)
-        return mm(dy_rows, self.weights.T).reshape(dy.shape[:-1] + (x.shape[-1],)) if self.input_grad_needed else None
+        self.backend.linear_weight_grads(x, dy_rows, self.dw, self.db if self.use_bias else None)
+        return self.backend.matmul(dy_rows, self.weights.T).reshape(dy.shape[:-1] + (x.shape[-1],)) if self.input_grad_needed else None
