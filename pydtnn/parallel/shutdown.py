@@ -14,7 +14,8 @@ How the agreed end is made quiet depends on the MPI:
   then exits with the status itself, never runs on (it did, into code that failed and aborted with 1).
   Before it, every rank waits (up to a few seconds) until the launcher has read what it printed: the
   teardown does not wait for a pipe to drain, and under load rank 0's line was sometimes lost.
-- Open MPI: MPI_Finalize, then exit with the status. prterun prints a 13-line MPI_ABORT banner for an
+- Open MPI: stdout and stderr to /dev/null (the line has been read), MPI_Finalize, then exit with the
+  status. prterun prints a 13-line MPI_ABORT banner for an
   abort; for a non-zero exit it still adds its own fixed notice ("prterun detected that one or more
   processes exited with non-zero status"). No process can turn it off: only a launcher setting does
   (state_base_error_non_zero_exit=0), and that also makes the job's status 0.
@@ -123,6 +124,12 @@ def _end_together(mpi, status, line):
     _wait_until_read()
     world.Barrier()                  # rank 0's line is out before any rank ends
     if _is_open_mpi(mpi):
+        # The line is out and read; whatever the runtime prints while it tears down goes nowhere (its
+        # libevent sometimes warns about a closed descriptor: "[warn] Epoll MOD(1) on fd 20 failed ...
+        # Bad file descriptor", seen once in CI, a known Open MPI teardown race, ompi#2004)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
         mpi.Finalize()
         os._exit(status)
     if world.Get_rank() != 0:        # rank 0's abort ends this process
