@@ -15,10 +15,10 @@ How the agreed end is made quiet depends on the MPI:
   Before it, every rank waits (up to a few seconds) until the launcher has read what it printed: the
   teardown does not wait for a pipe to drain, and under load rank 0's line was sometimes lost.
 - Open MPI: stdout and stderr to /dev/null (the line has been read), MPI_Finalize, then exit with the
-  status. prterun prints a 13-line MPI_ABORT banner for an
-  abort; for a non-zero exit it still adds its own fixed notice ("prterun detected that one or more
-  processes exited with non-zero status"). No process can turn it off: only a launcher setting does
-  (state_base_error_non_zero_exit=0), and that also makes the job's status 0.
+  status. prterun prints a 13-line MPI_ABORT banner for an abort; for a non-zero exit it still adds its
+  own fixed notice ("prterun detected that one or more processes exited with non-zero status"). No
+  process can turn it off: only a launcher setting does (state_base_error_non_zero_exit=0), and that
+  also makes the job's status 0.
 
 Before MPI starts (a bad flag), a process under a launcher of several processes initializes MPI to
 agree the same way; if that fails, the launcher's environment says which process is rank 0.
