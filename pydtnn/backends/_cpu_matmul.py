@@ -22,37 +22,36 @@ _NJ = {"cache": True, "nogil": True}
 
 
 @njit(**_NJ)
+def _block(t, nt, m, n):
+    """Part t of nt of an (m, n) output: (r0, r1, c0, c1), a range of rows when m >= n, else of columns."""
+    if m >= n:
+        return t * m // nt, (t + 1) * m // nt, 0, n
+    return 0, m, t * n // nt, (t + 1) * n // nt
+
+
+@njit(**_NJ)
 def gemm_parts(t, nt, fptr, a, b, c, a_off, b_off, c_off, m, n, k, ta, tb, lda, ldb, ldc, alpha, beta,
                a_rstride, b_cstride, item):
     """Part t of nt of C[i] = alpha A[i] B[i] + beta C[i] for every matrix i of the batch (addresses
-    a + a_off[i] ... in bytes). One matrix: rows of C split when m >= n, else columns; a_rstride (b_cstride)
-    is the byte step of one row of A (one column of B), item the element size."""
+    a + a_off[i] ... in bytes). One matrix: its block of C (`_block`); a_rstride (b_cstride) is the byte
+    step of one row of A (one column of B), item the element size."""
     nb = a_off.shape[0]
     if nb > 1:
         for i in range(t * nb // nt, (t + 1) * nb // nt):
             gemm(fptr, ta, tb, m, n, k, alpha, a + a_off[i], lda, b + b_off[i], ldb, beta, c + c_off[i], ldc)
         return
-    if m >= n:
-        r0, r1 = t * m // nt, (t + 1) * m // nt
-        if r1 > r0:
-            gemm(fptr, ta, tb, r1 - r0, n, k, alpha, a + a_off[0] + r0 * a_rstride, lda, b + b_off[0], ldb,
-                 beta, c + c_off[0] + r0 * ldc * item, ldc)
-    else:
-        c0, c1 = t * n // nt, (t + 1) * n // nt
-        if c1 > c0:
-            gemm(fptr, ta, tb, m, c1 - c0, k, alpha, a + a_off[0], lda, b + b_off[0] + c0 * b_cstride, ldb,
-                 beta, c + c_off[0] + c0 * item, ldc)
+    r0, r1, c0, c1 = _block(t, nt, m, n)
+    if r1 > r0 and c1 > c0:
+        gemm(fptr, ta, tb, r1 - r0, c1 - c0, k, alpha, a + a_off[0] + r0 * a_rstride, lda,
+             b + b_off[0] + c0 * b_cstride, ldb, beta, c + c_off[0] + (r0 * ldc + c0) * item, ldc)
 
 
 @njit(**_NJ)
 def linear_parts(t, nt, fptr, a, b, y, bias, m, n, k, ta, tb, lda, ldb, a_rstride, b_cstride):
     """Part t of nt of y (m, n) = A B + bias (bias of n, or empty: none), A and B at addresses a and b: the
-    part's block of y (rows when m >= n, else columns) is set to the bias rows, then the GEMM accumulates
-    onto it (beta = 1; OpenBLAS's beta = 0 is a zeroing pass of its own), so the bias costs no extra pass."""
-    if m >= n:
-        r0, r1, c0, c1 = t * m // nt, (t + 1) * m // nt, 0, n
-    else:
-        r0, r1, c0, c1 = 0, m, t * n // nt, (t + 1) * n // nt
+    part's block of y (`_block`) is set to the bias rows, then the GEMM accumulates onto it (beta = 1;
+    OpenBLAS's beta = 0 is a zeroing pass of its own), so the bias costs no extra pass."""
+    r0, r1, c0, c1 = _block(t, nt, m, n)
     if r1 <= r0 or c1 <= c0:
         return
     beta = y.dtype.type(0.0)
@@ -69,13 +68,10 @@ def linear_parts(t, nt, fptr, a, b, y, bias, m, n, k, ta, tb, lda, ldb, a_rstrid
 @njit(**_NJ)
 def weight_grad_parts(t, nt, fptr, a, lda, b, ldb, c, db, dy, m, n, k):
     """Part t of nt of C (m, n) = A^T B, A (k, m) and B (k, n) at addresses a and b with unit column stride,
-    C C-contiguous (rows of C when m >= n, else columns, as `linear_parts`); and, db not empty, db = dy
-    (k, len(db), C-contiguous) summed over its rows, a range of its columns a part, in float64 (NumPy's sum
-    over rows ran on one thread: 30-45 us a layer in a ViT step)."""
-    if m >= n:
-        r0, r1, c0, c1 = t * m // nt, (t + 1) * m // nt, 0, n
-    else:
-        r0, r1, c0, c1 = 0, m, t * n // nt, (t + 1) * n // nt
+    C C-contiguous (the part's block of C, `_block`); and, db not empty, db = dy (k, len(db), C-contiguous)
+    summed over its rows, a range of its columns a part, in float64 (NumPy's sum over rows ran on one
+    thread: 30-45 us a layer in a ViT step)."""
+    r0, r1, c0, c1 = _block(t, nt, m, n)
     if r1 > r0 and c1 > c0:
         item = c.itemsize
         gemm(fptr, TRANS, NO_TRANS, r1 - r0, c1 - c0, k, c.dtype.type(1.0), a + r0 * item, lda, b + c0 * item,
@@ -103,6 +99,18 @@ def operand(a):
     if rs == item and cs % item == 0 and (cs // item >= max(1, rows) or cols == 1):
         return TRANS, max(cs // item, rows, 1), rs, cs
     return None
+
+
+def operands(a, b):
+    """(a, b, operand(a), operand(b)), each operand copied to C order where neither axis has unit stride."""
+    ta, tb = operand(a), operand(b)
+    if ta is None:
+        a = np.ascontiguousarray(a)
+        ta = operand(a)
+    if tb is None:
+        b = np.ascontiguousarray(b)
+        tb = operand(b)
+    return a, b, ta, tb
 
 
 def batch_offsets(a, shape):

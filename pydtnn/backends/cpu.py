@@ -711,13 +711,7 @@ class CPUBackend(Backend):
         if nt == 1:                                    # NumPy's own call is cheaper; BLAS on this thread only
             with blas.blas_single_thread():
                 return np.matmul(a, b, out=out)
-        ta, tb = kmm.operand(a), kmm.operand(b)
-        if ta is None:
-            a = np.ascontiguousarray(a)
-            ta = kmm.operand(a)
-        if tb is None:
-            b = np.ascontiguousarray(b)
-            tb = kmm.operand(b)
+        a, b, ta, tb = kmm.operands(a, b)
         shape = batch + (m, n)
         c = out if (out is not None and out.shape == shape and out.dtype == self.dtype
                     and out.flags.c_contiguous) else np.empty(shape, self.dtype)
@@ -771,13 +765,7 @@ class CPUBackend(Backend):
         if nt == 1 and bias.size == 0:                 # NumPy's own call is cheaper; BLAS on this thread only
             with blas.blas_single_thread():
                 return np.matmul(a, b, out=out)
-        ta, tb = kmm.operand(a), kmm.operand(b)
-        if ta is None:
-            a = np.ascontiguousarray(a)
-            ta = kmm.operand(a)
-        if tb is None:
-            b = np.ascontiguousarray(b)
-            tb = kmm.operand(b)
+        a, b, ta, tb = kmm.operands(a, b)
         y = np.empty((m, n), self.dtype) if out is None else out
         with blas.blas_single_thread():
             POOL.run(kmm.linear_parts, nt, blas.gemm_ptr(self.dtype), a.ctypes.data, b.ctypes.data, y.reshape(-1),
