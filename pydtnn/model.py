@@ -21,6 +21,7 @@ from pydtnn.activations import make_activation
 from pydtnn.backends import Backend, get_backend
 from pydtnn.errors import CheckpointError, ConfigError, ShapeError
 from pydtnn.layers.base import Layer
+from pydtnn.layers.concat_chain import link_concat_chains
 from pydtnn.layers.fusion import link_relus
 from pydtnn.layers.input import Input
 from pydtnn.losses import get_loss
@@ -96,6 +97,7 @@ class Model:
             self.param_offsets[f"{layer.name}/{name}"] = (offset, size)
             offset += size
         link_relus(self.layers)        # fused execution of BatchNormalization/AdditionBlock + Relu, where it can
+        link_concat_chains(self.layers)     # dense layers share one array per chain instead of copying
         # top-level layer i owns params from _starts[i]; after its backward grads[_starts[i]:] are final
         self._starts, offset = [], 0
         for layer in self.layers:

@@ -301,9 +301,10 @@ class Backend:
     def batchnorm_forward_infer(self, x, gamma, beta, mean, var, eps: float):
         raise NotImplementedError
 
-    def batchnorm_backward(self, dy, ctx, sync=None):
+    def batchnorm_backward(self, dy, ctx, sync=None, addend=None):
         """Returns (dx, dgamma, dbeta): dgamma and dbeta over this replica's rows (the gradient reduction
-        adds them up); with ``sync``, dx uses the sums over every replica (``sync.backward_sums``)."""
+        adds them up); with ``sync``, dx uses the sums over every replica (``sync.backward_sums``). With
+        ``addend`` (x's shape), dx + addend: another path's gradient of x, summed in the same pass."""
         raise NotImplementedError
 
 

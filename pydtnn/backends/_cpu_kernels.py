@@ -225,16 +225,15 @@ def global_avg_bwd(t, nt, dyf, dxf, N, HW, C):
 # --- batch normalization ---------------------------------------------------------------------------
 
 @njit(**_NJ)
-def bn_sums(t, nt, xf, dyf, center, s1, s2, M, C, backward, fk2, fk3, relu):
+def bn_sums(t, nt, xf, ldx, dyf, center, s1, s2, M, C, backward, fk2, fk3, relu):
     """Per-channel partial sums of part t, into s1[t], s2[t] (float64):
     forward  (backward=False): sum d, sum d*d with d = x - center (shifted sums: stable variance);
     backward (backward=True):  sum dy, sum dy * (x - center); with `relu`, dy counts only where the
     fused ReLU's output was positive: where fk2 * (x - center) + fk3, the forward's own float32 affine
     map, is (the ReLU's backward, fused, without reading its output).
-    Blocks of 128 rows accumulate in the data's dtype (twice the SIMD width of float64, measured
+    x's row r starts at xf[r * ldx] (ldx >= C: x may be a channel slice, as a dense block's input is), dy is
+    (M, C). Blocks of 128 rows accumulate in the data's dtype (twice the SIMD width of float64, measured
     ~1.3-2x faster), blocks add up in float64."""
-    x2 = xf.reshape(M, C)
-    g2 = dyf.reshape(M, C)
     a1 = np.zeros(C, np.float64)        # thread-private accumulators (no false sharing)
     a2 = np.zeros(C, np.float64)
     b1 = np.zeros(C, xf.dtype)
@@ -243,6 +242,7 @@ def bn_sums(t, nt, xf, dyf, center, s1, s2, M, C, backward, fk2, fk3, relu):
     zero = xf.dtype.type(0)
     for c in range(C):
         cc[c] = center[c]
+    uc, ul = uint64(C), uint64(ldx)
     r0, r1 = _part(t, nt, M)
     for rb in range(r0, r1, 128):
         re = min(r1, rb + 128)
@@ -251,21 +251,24 @@ def bn_sums(t, nt, xf, dyf, center, s1, s2, M, C, backward, fk2, fk3, relu):
             b2[c] = 0
         if backward and relu:
             for r in range(rb, re):
-                for c in range(C):
-                    d = x2[r, c] - cc[c]
-                    g = g2[r, c] if fk2[c] * d + fk3[c] > zero else zero
+                xo, go = uint64(r) * ul, uint64(r) * uc
+                for c in range(uc):
+                    d = xf[xo + c] - cc[c]
+                    g = dyf[go + c] if fk2[c] * d + fk3[c] > zero else zero
                     b1[c] += g
                     b2[c] += g * d
         elif backward:
             for r in range(rb, re):
-                for c in range(C):
-                    g = g2[r, c]
+                xo, go = uint64(r) * ul, uint64(r) * uc
+                for c in range(uc):
+                    g = dyf[go + c]
                     b1[c] += g
-                    b2[c] += g * (x2[r, c] - cc[c])
+                    b2[c] += g * (xf[xo + c] - cc[c])
         else:
             for r in range(rb, re):
-                for c in range(C):
-                    d = x2[r, c] - cc[c]
+                xo = uint64(r) * ul
+                for c in range(uc):
+                    d = xf[xo + c] - cc[c]
                     b1[c] += d
                     b2[c] += d * d
         for c in range(C):
@@ -277,34 +280,35 @@ def bn_sums(t, nt, xf, dyf, center, s1, s2, M, C, backward, fk2, fk3, relu):
 
 
 @njit(**_NJ_NAN)
-def bn_affine(t, nt, xf, dyf, center, k1, k2, k3, outf, M, C, with_dy, fk2, fk3, relu):
+def bn_affine(t, nt, xf, ldx, dyf, center, k1, k2, k3, outf, M, C, with_dy, fk2, fk3, relu, addf, lda, with_add):
     """out = k1 * dy + k2 * (x - center) + k3 per channel (without the dy term when not with_dy).
     `relu` fuses a following ReLU: forward, out = max(out, 0); backward, dy counts only where the forward's
-    fk2 * (x - center) + fk3 was positive."""
-    x2 = xf.reshape(M, C)
-    g2 = dyf.reshape(M, C)
-    o2 = outf.reshape(M, C)
+    fk2 * (x - center) + fk3 was positive. `with_add` adds row r of addf (at addf[r * lda]) to out's: a
+    gradient from another path summed in the same pass. x's rows are ldx apart (bn_sums), dy's and out's C."""
     zero = xf.dtype.type(0)
+    uc, ul, ua = uint64(C), uint64(ldx), uint64(lda)
     r0, r1 = _part(t, nt, M)
-    if with_dy and relu:
-        for r in range(r0, r1):
-            for c in range(C):
-                d = x2[r, c] - center[c]
-                g = g2[r, c] if fk2[c] * d + fk3[c] > zero else zero
-                o2[r, c] = k1[c] * g + k2[c] * d + k3[c]
-    elif with_dy:
-        for r in range(r0, r1):
-            for c in range(C):
-                o2[r, c] = k1[c] * g2[r, c] + k2[c] * (x2[r, c] - center[c]) + k3[c]
-    elif relu:
-        for r in range(r0, r1):
-            for c in range(C):
-                v = k2[c] * (x2[r, c] - center[c]) + k3[c]
-                o2[r, c] = zero if v <= zero else v
-    else:
-        for r in range(r0, r1):
-            for c in range(C):
-                o2[r, c] = k2[c] * (x2[r, c] - center[c]) + k3[c]
+    for r in range(r0, r1):
+        xo, o = uint64(r) * ul, uint64(r) * uc
+        if with_dy and relu:
+            for c in range(uc):
+                d = xf[xo + c] - center[c]
+                g = dyf[o + c] if fk2[c] * d + fk3[c] > zero else zero
+                outf[o + c] = k1[c] * g + k2[c] * d + k3[c]
+        elif with_dy:
+            for c in range(uc):
+                outf[o + c] = k1[c] * dyf[o + c] + k2[c] * (xf[xo + c] - center[c]) + k3[c]
+        elif relu:
+            for c in range(uc):
+                v = k2[c] * (xf[xo + c] - center[c]) + k3[c]
+                outf[o + c] = zero if v <= zero else v
+        else:
+            for c in range(uc):
+                outf[o + c] = k2[c] * (xf[xo + c] - center[c]) + k3[c]
+        if with_add:
+            ao = uint64(r) * ua
+            for c in range(uc):
+                outf[o + c] += addf[ao + c]
 
 
 # --- ReLU ------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import os
 import warnings
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 from pydtnn.backends import Backend, ConvSpec, PoolSpec, parse_dtype
 from pydtnn.backends import _cpu_attention as katt
@@ -611,14 +611,30 @@ class CPUBackend(Backend):
         return y
 
     # --- batch normalization ------------------------------------------------------------------------
+    def _rows(self, a):
+        """(flat, ld): a's rows of C = a.shape[-1] values, row r at flat[r * ld], without a copy where a is
+        a channel slice of a C-contiguous array (a dense block's input or gradient); else a's copy, ld = C."""
+        a = np.asarray(a)
+        c = a.shape[-1] if a.ndim else 1
+        if a.dtype == self.dtype and not a.flags.c_contiguous and a.ndim >= 2 and a.size and c:
+            it, st = a.itemsize, a.strides
+            even = all(st[d] == st[d + 1] * a.shape[d + 1] for d in range(a.ndim - 2))
+            if st[-1] == it and st[-2] % it == 0 and st[-2] // it >= c and even:
+                ld = st[-2] // it
+                return as_strided(a, shape=((a.size // c - 1) * ld + c,), strides=(it,)), ld
+        return self._c(a).reshape(-1), c
+
     def _bn_2d(self, x, gamma, what):
-        x = self._c(x)
+        x = np.asarray(x)
         if x.ndim not in (2, 4):
             raise ShapeError(f"{what} expects a 2-D (N, C) or 4-D NHWC array, got shape {x.shape}")
         c = x.shape[-1]
         if np.size(gamma) != c:
             raise ShapeError(f"{what}: input has {c} channels but gamma has {np.size(gamma)}")
-        return x, x.size // max(c, 1), c
+        xf, ldx = self._rows(x)
+        if ldx == c:                # contiguous: x itself, or its copy in the backend's dtype
+            x = xf.reshape(x.shape)
+        return x, xf, ldx, x.size // max(c, 1), c
 
     def _vec(self, v):
         return np.ascontiguousarray(np.asarray(v).reshape(-1), dtype=self.dtype)
@@ -626,16 +642,15 @@ class CPUBackend(Backend):
     fuses_relu = True           # batchnorm_* take relu=True: a following ReLU in the same pass over memory
 
     def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None, relu=False):
-        x, m, c = self._bn_2d(x, gamma, "batchnorm_forward_train")
+        x, xf, ldx, m, c = self._bn_2d(x, gamma, "batchnorm_forward_train")
         if m == 0:
             raise ShapeError("batchnorm_forward_train: empty batch")
-        xf = x.reshape(-1)
         nt = self._nt(x.size // _CHEAP)
         s1 = np.empty((nt, c))
         s2 = np.empty((nt, c))
         # shifted sums: stable one-pass variance; synchronized, about the centre every replica shares
         shift = xf[:c].astype(np.float64) if sync is None else np.asarray(center, np.float64).reshape(-1)
-        POOL.run(kp.bn_sums, nt, xf, xf, shift, s1, s2, m, c, False, xf, xf, False)
+        POOL.run(kp.bn_sums, nt, xf, ldx, xf, shift, s1, s2, m, c, False, xf, xf, False)
         t1, t2 = s1.sum(axis=0), s2.sum(axis=0)
         if sync is not None:
             t1, t2, m = sync.forward_moments(np, t1, t2, m, shift, shift)
@@ -644,27 +659,27 @@ class CPUBackend(Backend):
         var = np.maximum(t2 / m - d1 * d1, 0.0)
         invstd = 1.0 / np.sqrt(var + eps)
         g = np.asarray(gamma, np.float64).reshape(-1)
-        y = np.empty_like(x)
+        y = np.empty(x.shape, self.dtype)
         fk2, fk3 = self._vec(g * invstd), self._vec(beta)
-        POOL.run(kp.bn_affine, nt, xf, xf, self._vec(mean), self._vec(mean), fk2, fk3, y.reshape(-1),
-                 x.size // c, c, False, fk2, fk3, relu)
+        POOL.run(kp.bn_affine, nt, xf, ldx, xf, self._vec(mean), self._vec(mean), fk2, fk3, y.reshape(-1),
+                 x.size // c, c, False, fk2, fk3, relu, xf, ldx, False)
         ctx = (x, mean, invstd, g, m, (fk2, fk3) if relu else None)     # the fused ReLU's mask, from x
         return y, mean.astype(self.dtype), var.astype(self.dtype), ctx
 
     def batchnorm_forward_infer(self, x, gamma, beta, mean, var, eps: float, relu=False):
-        x, m, c = self._bn_2d(x, gamma, "batchnorm_forward_infer")
+        x, xf, ldx, m, c = self._bn_2d(x, gamma, "batchnorm_forward_infer")
         invstd = 1.0 / np.sqrt(np.asarray(var, np.float64).reshape(-1) + eps)
         scale = np.asarray(gamma, np.float64).reshape(-1) * invstd
-        y = np.empty_like(x)
-        xf = x.reshape(-1)
+        y = np.empty(x.shape, self.dtype)
         mu = self._vec(mean)
-        POOL.run(kp.bn_affine, self._nt(x.size // _CHEAP), xf, xf, mu, mu, self._vec(scale), self._vec(beta),
-                 y.reshape(-1), m, c, False, mu, mu, relu)
+        POOL.run(kp.bn_affine, self._nt(x.size // _CHEAP), xf, ldx, xf, mu, mu, self._vec(scale),
+                 self._vec(beta), y.reshape(-1), m, c, False, mu, mu, relu, xf, ldx, False)
         return y
 
-    def batchnorm_backward(self, dy, ctx, sync=None, relu_y=None):
+    def batchnorm_backward(self, dy, ctx, sync=None, relu_y=None, addend=None):
         """With `relu_y` (the fused ReLU's output), dy is the gradient after that ReLU. Its mask is recomputed
-        from x with the forward's float32 coefficients when the forward ran fused (one array less to read)."""
+        from x with the forward's float32 coefficients when the forward ran fused (one array less to read).
+        `addend` (x's shape) is added to dx in the same pass: another path's gradient of x."""
         x, mean, invstd, g, count, fused = ctx
         dy = self._c(dy)
         relu = relu_y is not None
@@ -674,13 +689,15 @@ class CPUBackend(Backend):
         fk2, fk3 = fused if relu else (mu, mu)
         if dy.shape != x.shape:
             raise ShapeError(f"batchnorm_backward: dy has shape {dy.shape}, expected {x.shape}")
+        if addend is not None and np.shape(addend) != x.shape:
+            raise ShapeError(f"batchnorm_backward: addend has shape {np.shape(addend)}, expected {x.shape}")
         c = x.shape[-1]
         m = x.size // c
         nt = self._nt(x.size // _CHEAP)
         s1 = np.empty((nt, c))
         s2 = np.empty((nt, c))
-        xf, dyf = x.reshape(-1), dy.reshape(-1)
-        POOL.run(kp.bn_sums, nt, xf, dyf, mu, s1, s2, m, c, True, fk2, fk3, relu)
+        (xf, ldx), dyf = self._rows(x), dy.reshape(-1)
+        POOL.run(kp.bn_sums, nt, xf, ldx, dyf, mu, s1, s2, m, c, True, fk2, fk3, relu)
         sdy, sdyx = s1.sum(axis=0), s2.sum(axis=0)
         dgamma, dbeta = (sdyx * invstd).astype(self.dtype), sdy.astype(self.dtype)   # this replica's share
         if sync is not None:
@@ -689,9 +706,10 @@ class CPUBackend(Backend):
         k1 = g * invstd
         k2 = -g * invstd ** 3 * sdyx / count
         k3 = -k1 * sdy / count
-        dx = np.empty_like(x)
-        POOL.run(kp.bn_affine, nt, xf, dyf, mu, self._vec(k1), self._vec(k2), self._vec(k3),
-                 dx.reshape(-1), m, c, True, fk2, fk3, relu)
+        dx = np.empty(x.shape, self.dtype)
+        af, lda = (dyf, c) if addend is None else self._rows(addend)
+        POOL.run(kp.bn_affine, nt, xf, ldx, dyf, mu, self._vec(k1), self._vec(k2), self._vec(k3),
+                 dx.reshape(-1), m, c, True, fk2, fk3, relu, af, lda, addend is not None)
         return dx, dgamma, dbeta
 
     # --- matrix products (FC, attention): on the pool, single-threaded BLAS per part ------------------

@@ -325,7 +325,7 @@ class GPUBackend(Backend):
             cp.asarray(var, dtype=np.float64).reshape(-1) + eps)
         return self._bn_apply(x, mean64, scale64, self._c(beta).reshape(-1), hw, c)
 
-    def batchnorm_backward(self, dy, ctx, sync=None):
+    def batchnorm_backward(self, dy, ctx, sync=None, addend=None):
         cp = self.xp
         x, mean64, invstd64, gamma, hw, count = ctx
         dy = self._c(dy)
@@ -350,4 +350,6 @@ class GPUBackend(Backend):
         dx = cp.empty_like(x)
         self._launch("bn_apply_bwd", x.size, (dy, x, mean64, k1, k2, k3, dx, np.int64(x.size), np.int32(hw),
                                               np.int32(c), self._kernels.index32(x.size)))
+        if addend is not None:
+            dx += addend
         return dx, dgamma, dbeta

@@ -37,6 +37,9 @@ class Layer:
     # False: forward/backward see 4-D arrays as NCHW on every backend (the model converts at the boundary).
     # True: they see the backend's internal layout (NHWC on the CPU); built-in layers declare it.
     internal_layout = False
+    # True for a layer whose backward(dy, addend=a) returns dx + a, a summed in its own pass over memory: a
+    # block hands it the other paths' gradients of the same input (BatchNormalization on every backend)
+    backward_adds = False
     # False for a layer whose input has no gradient (Embedding's integer ids): its backward returns None
     differentiable_input = True
 

@@ -73,12 +73,18 @@ class BatchNormalization(Layer):
             self.fused_relu.fused_input = y
         return y
 
-    def backward(self, dy):
-        """dy: the gradient after the fused Relu when the forward ran fused (that Relu passed it on)."""
+    backward_adds = True
+
+    def backward(self, dy, addend=None):
+        """dy: the gradient after the fused Relu when the forward ran fused (that Relu passed it on).
+        Returns dx, or dx + addend (another path's gradient of the same input, in the same pass)."""
         relu_y = self._relu_y
         if self.ctx is None:
-            return self._backward_frozen(dy if relu_y is None else self.backend.relu_backward(dy, relu_y))
+            dx = self._backward_frozen(dy if relu_y is None else self.backend.relu_backward(dy, relu_y))
+            return dx if addend is None else dx + addend
         fused = {} if relu_y is None else {"relu_y": relu_y}
+        if addend is not None:
+            fused["addend"] = addend
         dx, dgamma, dbeta = self.backend.batchnorm_backward(dy, self.ctx, sync=self.sync, **fused)
         self.dgamma[...] = dgamma
         self.dbeta[...] = dbeta

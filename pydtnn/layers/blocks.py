@@ -5,6 +5,7 @@ buffer in forward order (path 0 first), and backward visits the paths in reverse
 final from the end of the buffer towards its start (what the bucketed reducer relies on).
 """
 from pydtnn.layers.base import Layer
+from pydtnn.layers.concat_chain import chained
 
 
 class _Block(Layer):
@@ -58,8 +59,12 @@ class _Block(Layer):
     def backward(self, dy):
         dx = None
         for path, dpath in reversed(list(zip(self.paths, self.split(dy)))):
-            for layer in reversed(path):
-                dpath = layer.backward_internal(dpath)
+            for i in range(len(path) - 1, -1, -1):
+                layer = path[i]
+                if i == 0 and dx is not None and layer.backward_adds and layer.internal_layout:
+                    dpath, dx = layer.backward(dpath, addend=dx), None     # the paths' sum in its own pass
+                else:
+                    dpath = layer.backward_internal(dpath)
             dx = dpath if dx is None else self.backend.add(dx, dpath)
         return dx
 
@@ -98,6 +103,13 @@ class AdditionBlock(_Block):
 
 
 class ConcatenationBlock(_Block):
+    # A chain of dense layers shares one array (pydtnn/layers/concat_chain.py): `room` channels are left
+    # free in front of this block's output, where the next block's new maps go; `chain_prev` is the block
+    # whose output's room this one writes into. Its output is then a channel slice of that array.
+    room = 0
+    chain_prev = None
+    _out = _buf = None
+
     def merge_shape(self, shapes):
         if any(len(s) != len(shapes[0]) or s[1:] != shapes[0][1:] for s in shapes):
             raise self.shape_error(f"paths give shapes {shapes}; a concatenation needs equal shapes but channels")
@@ -108,7 +120,20 @@ class ConcatenationBlock(_Block):
         return self.backend.channel_axis if ndim == 4 else 1
 
     def merge(self, outs):
-        return self.xp.concatenate(outs, axis=self._axis(outs[0].ndim))
+        if not chained(self):
+            return self.xp.concatenate(outs, axis=self._axis(outs[0].ndim))
+        new, x = outs
+        k, prev, buf = new.shape[-1], self.chain_prev, None
+        if prev is not None and prev._out is x:         # x already sits in prev's array: claim its room
+            buf, prev._out, prev._buf = prev._buf, None, None
+        if buf is None:
+            buf = self.xp.empty(x.shape[:-1] + (self.room + k + x.shape[-1],), self.backend.dtype)
+            buf[..., self.room + k:] = x
+        buf[..., self.room:self.room + k] = new
+        y = buf[..., self.room:]
+        if self.room:
+            self._out, self._buf = y, buf
+        return y
 
     def split(self, dy):
         axis, pieces, start = self._axis(dy.ndim), [], 0

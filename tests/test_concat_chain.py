@@ -1,0 +1,161 @@
+"""Dense layers sharing one array per chain (pydtnn/layers/concat_chain.py): the same numbers as copying,
+their gradients against finite differences, and the sharing itself."""
+import numpy as np
+import pytest
+
+from gradcheck import assert_gradients
+from pydtnn import Model
+from pydtnn.activations import Relu
+from pydtnn.backends import get_backend
+from pydtnn.layers import FC, AveragePool2D, BatchNormalization, ConcatenationBlock, Conv2D, Flatten, Input
+from pydtnn.layers.concat_chain import link_concat_chains
+
+
+def dense_layer(growth):
+    return ConcatenationBlock([BatchNormalization(), Relu(), Conv2D(nfilters=2 * growth, filter_shape=(1, 1)),
+                               BatchNormalization(), Relu(), Conv2D(nfilters=growth, filter_shape=(3, 3),
+                                                                    padding=1, use_bias=False)], [])
+
+
+def small_densenet(dtype="float64", seed=0):
+    """Two chains (3 and 2 dense layers) around a transition, as DenseNet is built."""
+    model = Model("cpu", dtype, seed=seed)
+    model.add(Input(shape=(3, 5, 6)))
+    model.add(Conv2D(nfilters=4, filter_shape=(3, 3), padding=1))
+    for growth in (2, 3, 2):
+        model.add(dense_layer(growth))
+    for layer in (BatchNormalization(), Relu(), Conv2D(nfilters=5, filter_shape=(1, 1))):
+        model.add(layer)
+    for growth in (3, 2):
+        model.add(dense_layer(growth))
+    for layer in (BatchNormalization(), Relu(), AveragePool2D(pool_shape=(0, 0)), Flatten(), FC(shape=(3,))):
+        model.add(layer)
+    return model
+
+
+def blocks(model):
+    return [layer for layer in model.layers if type(layer) is ConcatenationBlock]
+
+
+def unchain(model):
+    for block in blocks(model):
+        block.room, block.chain_prev = 0, None
+
+
+def test_the_chains_and_their_room():
+    model = small_densenet()
+    chain = blocks(model)
+    assert link_concat_chains(model.layers) == 3            # 2 links in the first chain, 1 in the second
+    assert [b.room for b in chain] == [5, 2, 0, 2, 0]      # the new channels of the blocks after each one
+    assert [b.chain_prev for b in chain] == [None, chain[0], chain[1], None, chain[3]]
+
+
+def test_gradients_vs_finite_differences():
+    model = small_densenet()
+    x = np.random.default_rng(1).standard_normal((4, 3, 5, 6))
+    assert_gradients(model, x)
+
+
+def test_a_chain_writes_one_array_and_each_block_only_its_new_maps():
+    model = small_densenet()
+    outs = {}
+    for block in blocks(model):
+        merge = block.merge
+        block.merge = lambda o, _m=merge, _b=block: outs.setdefault(_b.name, _m(o))
+    model.forward(np.random.default_rng(2).standard_normal((2, 3, 5, 6)), training=True)
+    first, second = [outs[b.name] for b in blocks(model)[:3]], [outs[b.name] for b in blocks(model)[3:]]
+    for chain in (first, second):
+        assert chain[-1].flags.c_contiguous                       # the last block's output is the whole array
+        assert all(np.shares_memory(y, chain[-1]) for y in chain)
+        assert not any(y.flags.c_contiguous for y in chain[:-1])  # the others are channel slices of it
+    assert not np.shares_memory(first[-1], second[0])
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_chained_equals_copying(training):
+    """The chained and the copying run differ only in where roundings fall (an FMA, the order of the four
+    terms BatchNormalization adds with the identity path's gradient): a few float64 ulps per operation over
+    about twenty layers of O(1)-conditioned maps, far below 1e-12; a misplaced channel would be O(1)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 3, 5, 6))
+    results = []
+    for chained in (True, False):
+        model = small_densenet(seed=7)
+        model.forward(x, training=training)                     # builds and links
+        if not chained:
+            unchain(model)
+        y = model.forward(x, training=training)
+        dy = np.random.default_rng(4).standard_normal(y.shape)
+        dx = model.backward(dy)
+        results.append((y, dx, model.grads.copy()))
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+
+
+def _bn_cases():
+    rng = np.random.default_rng(5)
+    full = rng.standard_normal((3, 4, 5, 11)) * 2 + 1
+    return {"channel slice": full[..., 4:],                    # what a chain hands on: rows of 7, 11 apart
+            "every other row": full[:, ::2, :, :7],             # rows not evenly spaced: copied
+            "transposed": full[..., :7].transpose(0, 2, 1, 3),  # rows not evenly spaced: copied
+            "contiguous": np.ascontiguousarray(full[..., :7])}
+
+
+@pytest.mark.parametrize("case", list(_bn_cases()))
+@pytest.mark.parametrize("relu", [False, True])
+def test_batchnorm_reads_views_and_adds_the_addend(case, relu):
+    """batchnorm_* on a strided view equal the same on its contiguous copy, and the addend (also a view)
+    equals adding it afterwards, to the rounding of the order of a 4-term float64 sum."""
+    be = get_backend("cpu", "float64")
+    x = _bn_cases()[case]
+    xc = np.ascontiguousarray(x)
+    rng = np.random.default_rng(6)
+    gamma, beta = rng.standard_normal(7), rng.standard_normal(7)
+    y, mean, var, ctx = be.batchnorm_forward_train(x, gamma, beta, 1e-5, relu=relu)
+    yc, mean_c, var_c, ctx_c = be.batchnorm_forward_train(xc, gamma, beta, 1e-5, relu=relu)
+    for got, want in ((y, yc), (mean, mean_c), (var, var_c),
+                      (be.batchnorm_forward_infer(x, gamma, beta, mean, var, 1e-5, relu=relu),
+                       be.batchnorm_forward_infer(xc, gamma, beta, mean, var, 1e-5, relu=relu))):
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)
+    dy = rng.standard_normal(x.shape)
+    addend = (rng.standard_normal(x.shape[:-1] + (9,)) * 3)[..., 2:]
+    fused = {"relu_y": y} if relu else {}
+    dx, dgamma, dbeta = be.batchnorm_backward(dy, ctx, addend=addend, **fused)
+    dx_c, dgamma_c, dbeta_c = be.batchnorm_backward(dy, ctx_c, **{"relu_y": yc} if relu else {})
+    np.testing.assert_allclose(dx, dx_c + addend, rtol=1e-13, atol=1e-13 * np.abs(addend).max())
+    np.testing.assert_allclose(dgamma, dgamma_c, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(dbeta, dbeta_c, rtol=1e-13, atol=1e-13)
+    with pytest.raises(Exception, match="addend has shape"):
+        be.batchnorm_backward(dy, ctx, addend=addend[:1])
+
+
+def test_float32_chain_trains_like_copying():
+    """float32, DenseNet's shapes in small: chained and copying steps agree to float32 rounding."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((8, 3, 5, 6)).astype(np.float32)
+    grads = []
+    for chained in (True, False):
+        model = small_densenet("float32", seed=9)
+        model.forward(x, training=True)
+        if not chained:
+            unchain(model)
+        y = model.forward(x, training=True)
+        model.backward(np.ones_like(y))
+        grads.append(model.grads.copy())
+    scale = np.abs(grads[1]).max()
+    np.testing.assert_allclose(grads[0], grads[1], rtol=0, atol=1e-4 * scale)
+
+
+def test_an_input_not_in_place_is_copied():
+    """A block whose input is not the array its chain predecessor just returned concatenates by copying."""
+    model = small_densenet()
+    model.forward(np.zeros((2, 3, 5, 6)), training=True)
+    first, second = blocks(model)[:2]
+    rng = np.random.default_rng(10)
+    first.forward(rng.standard_normal((2, 5, 6, 4)), training=True)      # leaves its room unclaimed
+    x = rng.standard_normal((2, 5, 6, 6))                                # NHWC, as blocks see it
+    y = second.forward(x, training=True)
+    new = x
+    for layer in second.paths[0]:
+        new = layer.forward_internal(new, True)
+    np.testing.assert_array_equal(y, np.concatenate([new, x], axis=3))
