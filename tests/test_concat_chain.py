@@ -159,3 +159,16 @@ def test_an_input_not_in_place_is_copied():
     for layer in second.paths[0]:
         new = layer.forward_internal(new, True)
     np.testing.assert_array_equal(y, np.concatenate([new, x], axis=3))
+
+
+def test_a_subclass_whose_backward_takes_no_addend_gets_the_sum_from_the_block():
+    class PlainBackwardBN(BatchNormalization):
+        def backward(self, dy):
+            return super().backward(dy)
+
+    def layer():
+        return ConcatenationBlock([PlainBackwardBN(), Conv2D(nfilters=2, filter_shape=(1, 1))], [])
+    model = Model("cpu", "float64", seed=0)
+    for lay in (Input(shape=(3, 4, 4)), layer(), layer(), Flatten(), FC(shape=(2,))):
+        model.add(lay)
+    assert_gradients(model, np.random.default_rng(11).standard_normal((3, 3, 4, 4)))

@@ -4,8 +4,22 @@ Each path is a list of layers; [] is the identity path. Paths' parameters are la
 buffer in forward order (path 0 first), and backward visits the paths in reverse so that gradients become
 final from the end of the buffer towards its start (what the bucketed reducer relies on).
 """
+import functools
+import inspect
+
 from pydtnn.layers.base import Layer
 from pydtnn.layers.concat_chain import chained
+
+
+def _adds(layer) -> bool:
+    """Whether a block may hand `layer` the other paths' gradient (`Layer.backward_adds`): declared, in the
+    internal layout, and its class's backward still takes `addend` (a subclass may override it without)."""
+    return layer.backward_adds and layer.internal_layout and _takes_addend(type(layer))
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_addend(cls) -> bool:
+    return "addend" in inspect.signature(cls.backward).parameters
 
 
 class _Block(Layer):
@@ -61,7 +75,7 @@ class _Block(Layer):
         for path, dpath in reversed(list(zip(self.paths, self.split(dy)))):
             for i in range(len(path) - 1, -1, -1):
                 layer = path[i]
-                if i == 0 and dx is not None and layer.backward_adds and layer.internal_layout:
+                if i == 0 and dx is not None and _adds(layer):
                     dpath, dx = layer.backward(dpath, addend=dx), None     # the paths' sum in its own pass
                 else:
                     dpath = layer.backward_internal(dpath)
