@@ -122,7 +122,7 @@ class ConcatenationBlock(_Block):
     # whose output's room this one writes into. Its output is then a channel slice of that array.
     room = 0
     chain_prev = None
-    _out = _buf = None
+    _out = None                 # the last output, while the next block has not claimed its room (its base: the array)
 
     def merge_shape(self, shapes):
         if any(len(s) != len(shapes[0]) or s[1:] != shapes[0][1:] for s in shapes):
@@ -139,14 +139,14 @@ class ConcatenationBlock(_Block):
         new, x = outs
         k, prev, buf = new.shape[-1], self.chain_prev, None
         if prev is not None and prev._out is x:         # x already sits in prev's array: claim its room
-            buf, prev._out, prev._buf = prev._buf, None, None
+            buf, prev._out = x.base, None
         if buf is None:
             buf = self.xp.empty(x.shape[:-1] + (self.room + k + x.shape[-1],), self.backend.dtype)
             buf[..., self.room + k:] = x
         buf[..., self.room:self.room + k] = new
         y = buf[..., self.room:]
         if self.room:
-            self._out, self._buf = y, buf
+            self._out = y
         return y
 
     def split(self, dy):
