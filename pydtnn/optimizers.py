@@ -102,8 +102,8 @@ class SGD(Optimizer):
             return
         v = self.state["velocity"]
         if _fusable(params, v, g):
-            from pydtnn.backends._cpu_optim import sgd_momentum
-            sgd_momentum(params, v, g, params.dtype.type(lr), params.dtype.type(mu), self.nesterov)
+            from pydtnn.backends import _cpu_optim
+            _cpu_optim.sgd_momentum(params, v, g, params.dtype.type(lr), params.dtype.type(mu), self.nesterov)
             return
         v *= mu
         v -= lr * g

@@ -273,24 +273,30 @@ def torch_step(net, x, labels):
     return step
 
 
-def bench_row(name, batch, threads, rounds, steps, breakdown=False, conv_algorithm="auto"):
-    import torch
-    from threadpoolctl import threadpool_limits
+def zoo_steps(name, batch, conv_algorithm="auto"):
+    """The zoo step of both frameworks on the model and its mirror: (ours, theirs, model, net, x)."""
     from pydtnn.model import one_hot
     from pydtnn.optimizers import SGD
 
-    torch.set_num_threads(threads)
     model, x, labels = build(name, batch, conv_algorithm=conv_algorithm)
     net = mirror(model)
     net.train()
     y = one_hot(labels, model.output_shape[0], np.float32)
     opt = SGD(learning_rate=0.01, momentum=0.9)
-    theirs = torch_step(net, x, labels)
 
     def ours():
         value, _ = model.compute_gradients(x, y, "categorical_cross_entropy")
         opt.step(model.params, model.grads)
         return value
+    return ours, torch_step(net, x, labels), model, net, x
+
+
+def bench_row(name, batch, threads, rounds, steps, breakdown=False, conv_algorithm="auto"):
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(threads)
+    ours, theirs, model, net, x = zoo_steps(name, batch, conv_algorithm)
 
     with threadpool_limits(threads):
         # the mirror computes the same function: compare inference outputs (no dropout) before training
@@ -319,13 +325,8 @@ def bench_row(name, batch, threads, rounds, steps, breakdown=False, conv_algorit
             "ratios": ratios, "same_loss": same, "loss": (first_ours, first_theirs), "breakdown": table}
 
 
-def user_loop_row(name, batch, threads, rounds, steps):
-    """The loop a user writes: the public API only (`Model`, `build_model`, `forward`, a loss, `backward`,
-    an optimizer's `step`), no launcher, threads limited the ordinary way (threadpoolctl for PyDTNN's
-    BLAS, `torch.set_num_threads` for PyTorch); blocks of `steps` steps alternated with PyTorch's own
-    training loop on the mirrored network."""
-    import torch
-    from threadpoolctl import threadpool_limits
+def user_steps(name, batch):
+    """The loop a user writes, both frameworks: (ours, theirs)."""
     from pydtnn import Model
     from pydtnn.losses import CategoricalCrossEntropy
     from pydtnn.models import build_model, default_input_shape
@@ -348,6 +349,18 @@ def user_loop_row(name, batch, threads, rounds, steps):
         model.backward(dy)
         opt.step(model.params, model.grads)
         return value
+    return ours, theirs
+
+
+def user_loop_row(name, batch, threads, rounds, steps):
+    """The loop a user writes: the public API only (`Model`, `build_model`, `forward`, a loss, `backward`,
+    an optimizer's `step`), no launcher, threads limited the ordinary way (threadpoolctl for PyDTNN's
+    BLAS, `torch.set_num_threads` for PyTorch); blocks of `steps` steps alternated with PyTorch's own
+    training loop on the mirrored network."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    ours, theirs = user_steps(name, batch)
 
     with threadpool_limits(threads):
         torch.set_num_threads(threads)
@@ -360,6 +373,44 @@ def user_loop_row(name, batch, threads, rounds, steps):
     return {"model": name + " (user loop)", "threads": threads, "batch": batch, "conv_algorithm": "auto",
             "ours_ms": 1e3 * statistics.median(t_ours), "torch_ms": 1e3 * statistics.median(t_theirs),
             "ratios": ratios}
+
+
+def gain_row(name, batch, threads, rounds, steps, user_loop=False):
+    """The speed-up each framework gets from more threads, measured so that noise cancels: in every round,
+    each thread count of `threads` in turn runs a block of `steps` steps of PyDTNN and then of PyTorch
+    (threadpoolctl for PyDTNN's pool and BLAS, `torch.set_num_threads` for PyTorch), so the round's gain
+    t(threads[0]) / t(threads[-1]) of both frameworks comes from times taken seconds apart. The default mode
+    times one thread count after the other, minutes apart; on a shared VM the 2-thread gain of one VGG-11
+    convolution pass read 1.22x in one run and 1.76x in the next (docs/performance.md, seventh pass)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    ours, theirs = user_steps(name, batch) if user_loop else zoo_steps(name, batch)[:2]
+    t = {(fw, nt): [] for fw in ("ours", "theirs") for nt in threads}
+    for r in range(rounds + 1):                 # round 0 warms both at every thread count, untimed
+        for nt in threads:
+            with threadpool_limits(nt):
+                torch.set_num_threads(nt)
+                for fw, fn in (("ours", ours), ("theirs", theirs)):
+                    block = timed_block(fn, steps)
+                    if r:
+                        t[fw, nt].append(sum(block) / steps)
+    lo, hi = threads[0], threads[-1]
+    gains = {fw: [a / b for a, b in zip(t[fw, lo], t[fw, hi])] for fw in ("ours", "theirs")}
+    return {"model": name + (" (user loop)" if user_loop else ""), "threads": threads, "times": t,
+            "gains": gains, "relative": [a / b for a, b in zip(gains["ours"], gains["theirs"])]}
+
+
+def print_gains(rows):
+    lo, hi = rows[0]["threads"][0], rows[0]["threads"][-1]
+    print(f"\n| model | PyDTNN ms/step {lo} / {hi} threads | gain | PyTorch ms/step {lo} / {hi} threads | gain | "
+          "gain PyDTNN / PyTorch (rounds' median, min-max) |\n|---|---:|---:|---:|---:|---:|")
+    med = statistics.median
+    for r in rows:
+        t, g, rel = r["times"], r["gains"], r["relative"]
+        print(f"| {r['model']} | {1e3 * med(t['ours', lo]):.1f} / {1e3 * med(t['ours', hi]):.1f} | "
+              f"{med(g['ours']):.2f} | {1e3 * med(t['theirs', lo]):.1f} / {1e3 * med(t['theirs', hi]):.1f} | "
+              f"{med(g['theirs']):.2f} | {med(rel):.2f} ({min(rel):.2f}-{max(rel):.2f}) |")
 
 
 # --- the data-parallel row: PyDTNN's launcher against PyTorch DDP (gloo), 2 ranks x 1 thread -------------
@@ -466,6 +517,9 @@ def main():
     ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
                     help="wall time, or the calling thread's CPU time (1 thread only; robust to a loaded machine)")
     ap.add_argument("--flops", action="store_true", help="only print each model's step GFLOP by direct convolution")
+    ap.add_argument("--gains", action="store_true",
+                    help="the speed-up from the first to the last of --threads, both frameworks, the thread "
+                         "counts alternated within every round (with --user_loop: of the user loop)")
     ap.add_argument("--user_loop", action="store_true",
                     help="time the loop a user writes (public API, no launcher, threadpoolctl) instead of the "
                          "zoo step (compute_gradients)")
@@ -485,6 +539,19 @@ def main():
     except ImportError:
         sys.exit("bench_cpu.py needs PyTorch as its peer: pip install torch==2.13.0")
     print(f"PyTorch {torch.__version__}, NumPy {np.__version__}, {os.cpu_count()} CPUs, float32, batch {a.batch}")
+    if a.gains:
+        threads = [int(t) for t in a.threads.split(",")]
+        if len(threads) < 2:
+            sys.exit("bench_cpu.py: --gains compares thread counts: give two or more in --threads")
+        rows = []
+        for name in a.models.split(","):
+            rows.append(gain_row(name, a.batch, threads, a.rounds, a.steps, a.user_loop))
+            r, med = rows[-1], statistics.median
+            print(f"{r['model']:<30} gain {threads[0]}->{threads[-1]} threads: pydtnn {med(r['gains']['ours']):.2f}  "
+                  f"torch {med(r['gains']['theirs']):.2f}  ratio {med(r['relative']):.2f} "
+                  f"({min(r['relative']):.2f}-{max(r['relative']):.2f})", flush=True)
+        print_gains(rows)
+        return
     rows = []
     algorithms = a.conv_algorithms.split(",")
     for name in ([] if a.skip_single else a.models.split(",")):

@@ -78,6 +78,15 @@ _PIXELS_MAX_HW = 4
 _CPUS = os.cpu_count() or 1
 
 
+def default_threads(work: int, num_threads: int | None = None, parallel_min: int = _PARALLEL_MIN) -> int:
+    """Threads for a kernel over `work` elements: 1 below `parallel_min`, else `num_threads` or OpenBLAS's
+    thread count (which threadpoolctl limits), at most 4 per core."""
+    if work < parallel_min:
+        return 1
+    n = num_threads or blas.blas_threads() or _CPUS
+    return max(1, min(int(n), 4 * _CPUS))
+
+
 _warned = []
 
 
@@ -145,10 +154,7 @@ class CPUBackend(Backend):
 
     def _nt(self, work: int = _PARALLEL_MIN) -> int:
         """Threads for a kernel over `work` elements: `num_threads`, else OpenBLAS's thread count."""
-        if work < self._parallel_min:
-            return 1
-        n = self.num_threads or blas.blas_threads() or _CPUS
-        return max(1, min(int(n), 4 * _CPUS))
+        return default_threads(work, self.num_threads, self._parallel_min)
 
     # --- convolution --------------------------------------------------------------------------------
     def _swap_outer(self, a, x, y, z):
