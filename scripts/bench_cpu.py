@@ -403,14 +403,20 @@ def gain_row(name, batch, threads, rounds, steps, user_loop=False):
 
 def print_gains(rows):
     lo, hi = rows[0]["threads"][0], rows[0]["threads"][-1]
+    """The gains table. Its last column is the time each framework's step at `hi` threads takes beyond a
+    perfect split of its `lo`-thread step: a framework with faster compute gains less from the same
+    non-scaling passes (memory-bound ones, on a machine whose bandwidth does not grow with the cores), so
+    a lower gain can come with fewer milliseconds lost."""
     print(f"\n| model | PyDTNN ms/step {lo} / {hi} threads | gain | PyTorch ms/step {lo} / {hi} threads | gain | "
-          "gain PyDTNN / PyTorch (rounds' median, min-max) |\n|---|---:|---:|---:|---:|---:|")
+          f"gain PyDTNN / PyTorch (rounds' median, min-max) | ms beyond t({lo}) x {lo}/{hi}, PyDTNN / PyTorch |"
+          "\n|---|---:|---:|---:|---:|---:|---:|")
     med = statistics.median
     for r in rows:
         t, g, rel = r["times"], r["gains"], r["relative"]
-        print(f"| {r['model']} | {1e3 * med(t['ours', lo]):.1f} / {1e3 * med(t['ours', hi]):.1f} | "
-              f"{med(g['ours']):.2f} | {1e3 * med(t['theirs', lo]):.1f} / {1e3 * med(t['theirs', hi]):.1f} | "
-              f"{med(g['theirs']):.2f} | {med(rel):.2f} ({min(rel):.2f}-{max(rel):.2f}) |")
+        (a1, a2), (b1, b2) = ((1e3 * med(t[fw, lo]), 1e3 * med(t[fw, hi])) for fw in ("ours", "theirs"))
+        print(f"| {r['model']} | {a1:.1f} / {a2:.1f} | {med(g['ours']):.2f} | {b1:.1f} / {b2:.1f} | "
+              f"{med(g['theirs']):.2f} | {med(rel):.2f} ({min(rel):.2f}-{max(rel):.2f}) | "
+              f"{a2 - a1 * lo / hi:.1f} / {b2 - b1 * lo / hi:.1f} |")
 
 
 # --- the data-parallel row: PyDTNN's launcher against PyTorch DDP (gloo), 2 ranks x 1 thread -------------

@@ -71,25 +71,38 @@ def test_a_chain_writes_one_array_and_each_block_only_its_new_maps():
     assert not np.shares_memory(first[-1], second[0])
 
 
+def _run(x, chained, training, dy_seed):
+    """A forward and backward of small_densenet, chained or copying: the channel counts each batch-moments
+    pass summed, and (output, input gradient, first BatchNormalizations' running statistics, gradients)."""
+    model = small_densenet(seed=7)
+    model.forward(x, training=False)                            # builds and links
+    if not chained:
+        unchain(model)
+    summed, moments = [], model.backend._bn_moments
+
+    def spy(xf, ldx, m, c, *args):
+        summed.append(c)
+        return moments(xf, ldx, m, c, *args)
+    model.backend._bn_moments = spy
+    y = model.forward(x, training=training)
+    dx = model.backward(np.random.default_rng(dy_seed).standard_normal(y.shape))
+    stats = np.concatenate([np.concatenate([block.paths[0][0].mean, block.paths[0][0].var])
+                            for block in blocks(model)])
+    return summed, (y, dx, stats, model.grads.copy())
+
+
+def _assert_runs_agree(got, want):
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12 * np.abs(w).max())
+
+
 @pytest.mark.parametrize("training", [True, False])
 def test_chained_equals_copying(training):
     """The chained and the copying run differ only in where roundings fall (an FMA, the order of the four
     terms BatchNormalization adds with the identity path's gradient): a few float64 ulps per operation over
     about twenty layers of O(1)-conditioned maps, far below 1e-12; a misplaced channel would be O(1)."""
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((4, 3, 5, 6))
-    results = []
-    for chained in (True, False):
-        model = small_densenet(seed=7)
-        model.forward(x, training=training)                     # builds and links
-        if not chained:
-            unchain(model)
-        y = model.forward(x, training=training)
-        dy = np.random.default_rng(4).standard_normal(y.shape)
-        dx = model.backward(dy)
-        results.append((y, dx, model.grads.copy()))
-    for got, want in zip(*results):
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+    x = np.random.default_rng(3).standard_normal((4, 3, 5, 6))
+    _assert_runs_agree(_run(x, True, training, 4)[1], _run(x, False, training, 4)[1])
 
 
 def _bn_cases():
@@ -175,3 +188,39 @@ def test_a_subclass_whose_backward_takes_no_addend_gets_the_sum_from_the_block()
     for lay in (Input(shape=(3, 4, 4)), layer(), layer(), Flatten(), FC(shape=(2,))):
         model.add(lay)
     assert_gradients(model, np.random.default_rng(11).standard_normal((3, 3, 4, 4)))
+
+
+def test_known_moments_equal_summing_every_channel():
+    """batchnorm_forward_train with the moments of x's last channels given sums only the others; per channel
+    it is the same arithmetic (the same row parts and shift), so the results agree to a few float64 ulps of
+    the sums; a moment put on the wrong channel would be O(1) off. Misuse is refused."""
+    be = get_backend("cpu", "float64")
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal((4, 5, 6, 13)) * 3 + 2)[..., 2:]       # 11 channels, a chain's slice
+    gamma, beta = rng.standard_normal(11), rng.standard_normal(11)
+    _, _, _, ctx_tail = be.batchnorm_forward_train(x[..., 4:], gamma[4:], beta[4:], 1e-5)
+    known = be.batchnorm_moments(ctx_tail)
+    y, mean, var, ctx = be.batchnorm_forward_train(x, gamma, beta, 1e-5)
+    y_k, mean_k, var_k, ctx_k = be.batchnorm_forward_train(x, gamma, beta, 1e-5, known=known)
+    for got, want in ((y_k, y), (mean_k, mean), (var_k, var), *zip(be.batchnorm_moments(ctx_k),
+                                                                 be.batchnorm_moments(ctx))):
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)
+    dy = rng.standard_normal(x.shape)
+    for got, want in zip(be.batchnorm_backward(dy, ctx_k), be.batchnorm_backward(dy, ctx)):
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)
+    with pytest.raises(ValueError, match="known moments of 11 of 11"):
+        be.batchnorm_forward_train(x, gamma, beta, 1e-5, known=be.batchnorm_moments(ctx))
+    with pytest.raises(ValueError, match="with sync"):
+        be.batchnorm_forward_train(x, gamma, beta, 1e-5, known=known, sync=object(), center=mean)
+
+
+def test_a_chain_sums_each_new_channel_once():
+    """In training, each dense layer's first BatchNormalization sums only the channels its predecessor's
+    did not (the chain hands the moments on): 4, then 2, then 3 channels in the first chain, against 4, 6,
+    9 when copying. The outputs, running statistics and gradients agree as in test_chained_equals_copying."""
+    x = np.random.default_rng(13).standard_normal((4, 3, 5, 6))
+    (summed, got), (summed_copying, want) = _run(x, True, True, 14), _run(x, False, True, 14)
+    # per dense layer: its first BatchNormalization, then the one after its 1x1 convolution (twice the
+    # growth: 4, 6, 4 channels)
+    assert summed[:6] == [4, 4, 2, 6, 3, 4] and summed_copying[:6] == [4, 4, 6, 6, 9, 4]
+    _assert_runs_agree(got, want)

@@ -647,30 +647,54 @@ class CPUBackend(Backend):
 
     fuses_relu = True           # batchnorm_* take relu=True: a following ReLU in the same pass over memory
 
-    def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None, relu=False):
+    # batchnorm_forward_train takes known=: the batch moments of x's last channels, summed before (a dense
+    # chain's previous input, pydtnn/layers/concat_chain.py); batchnorm_moments(ctx) gives a forward's own.
+    reuses_bn_moments = True
+
+    def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None, relu=False, known=None):
+        """`known`: (mean, biased variance), float64, of x's last len(mean) channels in this batch; only the
+        channels in front of them are summed. Not with `sync` (the global moments come from one collective)."""
         x, xf, ldx, m, c = self._bn_2d(x, gamma, "batchnorm_forward_train")
         if m == 0:
             raise ShapeError("batchnorm_forward_train: empty batch")
         nt = self._nt(x.size // _CHEAP)
-        s1 = np.empty((nt, c))
-        s2 = np.empty((nt, c))
-        # shifted sums: stable one-pass variance; synchronized, about the centre every replica shares
-        shift = xf[:c].astype(np.float64) if sync is None else np.asarray(center, np.float64).reshape(-1)
-        POOL.run(kp.bn_sums, nt, xf, ldx, xf, shift, s1, s2, m, c, False, xf, xf, False)
-        t1, t2 = s1.sum(axis=0), s2.sum(axis=0)
-        if sync is not None:
-            t1, t2, m = sync.forward_moments(np, t1, t2, m, shift, shift)
-        d1 = t1 / m
-        mean = shift + d1
-        var = np.maximum(t2 / m - d1 * d1, 0.0)
+        if known is None:
+            mean, var, m = self._bn_moments(xf, ldx, m, c, nt, sync, center)
+        else:
+            mk, vk = (np.asarray(a, np.float64).reshape(-1) for a in known)
+            cn = c - mk.size
+            if sync is not None or not 0 < cn <= c or vk.size != mk.size:
+                raise ValueError(f"batchnorm_forward_train: known moments of {mk.size} of {c} channels"
+                                 + (" with sync" if sync is not None else ""))
+            # the same row parts (nt from the whole x) and shift (x's first row) as summing every channel
+            mean, var, _ = self._bn_moments(*self._rows(x[..., :cn]), m, cn, nt, None, None)
+            mean, var = np.concatenate([mean, mk]), np.concatenate([var, vk])
         invstd = 1.0 / np.sqrt(var + eps)
         g = np.asarray(gamma, np.float64).reshape(-1)
         y = np.empty(x.shape, self.dtype)
         fk2, fk3 = self._vec(g * invstd), self._vec(beta)
         POOL.run(kp.bn_affine, nt, xf, ldx, xf, self._vec(mean), self._vec(mean), fk2, fk3, y.reshape(-1),
                  x.size // c, c, False, fk2, fk3, relu, xf, ldx, False)
-        ctx = (x, mean, invstd, g, m, (fk2, fk3) if relu else None)     # the fused ReLU's mask, from x
+        ctx = (x, mean, invstd, g, m, (fk2, fk3) if relu else None, var)     # the fused ReLU's mask, from x
         return y, mean.astype(self.dtype), var.astype(self.dtype), ctx
+
+    def _bn_moments(self, xf, ldx, m, c, nt, sync, center):
+        """Per-channel (mean, biased variance, count) of m rows of c values (row r at xf[r * ldx]), float64,
+        from shifted sums: about x's first row (a stable one-pass variance), or, synchronized, about the
+        centre every replica shares, and then over the global batch."""
+        s1 = np.empty((nt, c))
+        s2 = np.empty((nt, c))
+        shift = xf[:c].astype(np.float64) if sync is None else np.asarray(center, np.float64).reshape(-1)
+        POOL.run(kp.bn_sums, nt, xf, ldx, xf, shift, s1, s2, m, c, False, xf, xf, False)
+        t1, t2 = s1.sum(axis=0), s2.sum(axis=0)
+        if sync is not None:
+            t1, t2, m = sync.forward_moments(np, t1, t2, m, shift, shift)
+        d1 = t1 / m
+        return shift + d1, np.maximum(t2 / m - d1 * d1, 0.0), m
+
+    def batchnorm_moments(self, ctx):
+        """(mean, biased variance), float64, of the batch the forward that made `ctx` normalized with."""
+        return ctx[1], ctx[6]
 
     def batchnorm_forward_infer(self, x, gamma, beta, mean, var, eps: float, relu=False):
         x, xf, ldx, m, c = self._bn_2d(x, gamma, "batchnorm_forward_infer")
@@ -686,7 +710,7 @@ class CPUBackend(Backend):
         """With `relu_y` (the fused ReLU's output), dy is the gradient after that ReLU. Its mask is recomputed
         from x with the forward's float32 coefficients when the forward ran fused (one array less to read).
         `addend` (x's shape) is added to dx in the same pass: another path's gradient of x."""
-        x, mean, invstd, g, count, fused = ctx
+        x, mean, invstd, g, count, fused = ctx[:6]
         dy = self._c(dy)
         relu = relu_y is not None
         if relu and fused is None:          # forward ran unfused: the ReLU's backward first

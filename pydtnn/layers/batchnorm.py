@@ -19,6 +19,9 @@ class BatchNormalization(Layer):
     sync = None                 # a BatchNormSync: global-batch statistics in training (data parallelism)
     fused_relu = None           # the Relu after this layer, run in the same pass (pydtnn/layers/fusion.py)
     _relu_y = None              # that Relu's output, from the last forward
+    # the batch moments of the next training forward's last channels, handed on by a dense chain
+    # (pydtnn/layers/concat_chain.py) and used once
+    known_moments = None
 
     def __init__(self, momentum=0.9, epsilon=1e-5, gamma_initializer="ones", beta_initializer="zeros", name=None):
         super().__init__(name=name)
@@ -50,8 +53,10 @@ class BatchNormalization(Layer):
             y = self.backend.batchnorm_forward_infer(x, self.gamma, self.beta, self.mean, self.var, self.epsilon,
                                                      **fused)
             return self._hand_to_relu(y)
-        sync = self.sync
+        sync, known, self.known_moments = self.sync, self.known_moments, None
         if sync is None:
+            if known is not None:
+                fused["known"] = known
             y, mean, var, self.ctx = self.backend.batchnorm_forward_train(x, self.gamma, self.beta, self.epsilon,
                                                                           **fused)
             n = x.size // x.shape[self.backend.channel_axis if x.ndim == 4 else 1]
@@ -65,6 +70,13 @@ class BatchNormalization(Layer):
         self.var *= m
         self.var += (1 - m) * var * (n / max(n - 1, 1))
         return self._hand_to_relu(y)
+
+    def batch_moments(self):
+        """(mean, biased variance), float64, of the last training forward's batch, where the backend keeps
+        them (`reuses_bn_moments`) and the statistics were this replica's own; else None."""
+        if self.ctx is None or self.sync is not None or not getattr(self.backend, "reuses_bn_moments", False):
+            return None
+        return self.backend.batchnorm_moments(self.ctx)
 
     def _hand_to_relu(self, y):
         """With a fused Relu, y already is relu(bn(x)): the Relu's forward will return it as it is."""

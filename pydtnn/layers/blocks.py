@@ -8,7 +8,7 @@ import functools
 import inspect
 
 from pydtnn.layers.base import Layer
-from pydtnn.layers.concat_chain import chained
+from pydtnn.layers.concat_chain import chained, hand_on_moments
 
 
 def _adds(layer) -> bool:
@@ -123,6 +123,11 @@ class ConcatenationBlock(_Block):
     room = 0
     chain_prev = None
     _out = None                 # the last output, while the next block has not claimed its room (its base: the array)
+
+    def forward(self, x, training=False):
+        if training:
+            hand_on_moments(self, x)
+        return super().forward(x, training)
 
     def merge_shape(self, shapes):
         if any(len(s) != len(shapes[0]) or s[1:] != shapes[0][1:] for s in shapes):

@@ -11,6 +11,11 @@ to that BatchNormalization to add in its own pass (`Layer.backward_adds`).
 
 A block finds its input in place only when it is exactly the array the block before it returned (checked by
 identity, claimed once), so anything else (a block run alone, an input from elsewhere) takes the copy.
+
+The batch statistics of a dense layer's first BatchNormalization are per channel, and all but its k new
+channels are the previous layer's input, which that layer's BatchNormalization has just summed: in training
+the chain hands those moments on (`hand_on_moments`), so each one sums only its new channels, not the
+whole (growing) input again.
 """
 from __future__ import annotations
 
@@ -47,3 +52,31 @@ def link_concat_chains(layers) -> int:
         for path in getattr(layer, "paths", []):
             links += link_concat_chains(path)
     return links + close(run)
+
+
+def _first_batchnorm(block):
+    """The BatchNormalization that starts the block's new path, where its backend can reuse moments."""
+    from pydtnn.layers.batchnorm import BatchNormalization
+    path = block.paths[0]
+    layer = path[0] if path else None
+    if type(layer) is BatchNormalization and getattr(layer.backend, "reuses_bn_moments", False):
+        return layer
+    return None
+
+
+def hand_on_moments(block, x) -> bool:
+    """Before a training forward of `block` on x: where x is its chain predecessor's output in place (this
+    pass's: claimable), give the block's first BatchNormalization the batch moments of x's last channels,
+    the predecessor's input, from the predecessor's own first BatchNormalization. Both must normalize with
+    their replica's statistics (not synchronized). Returns whether it did."""
+    prev = block.chain_prev
+    if prev is None or prev._out is not x:
+        return False
+    first, before = _first_batchnorm(block), _first_batchnorm(prev)
+    if first is None or before is None or first.sync is not None:
+        return False
+    moments = before.batch_moments()
+    if moments is None or moments[0].size != x.shape[-1] - prev.sizes[0]:
+        return False
+    first.known_moments = moments
+    return True
