@@ -30,10 +30,17 @@ def _check_epsilon(name, value):
 
 
 def _fusable(*arrays) -> bool:
-    """Flat C-contiguous NumPy arrays of one dtype: the CPU backend's fused updates apply."""
+    """Flat C-contiguous NumPy arrays of one dtype, float32 or float64: the CPU backend's fused updates apply."""
     a0 = arrays[0]
-    return all(isinstance(a, np.ndarray) and a.ndim == 1 and a.flags.c_contiguous and a.dtype == a0.dtype
-               for a in arrays)
+    return (isinstance(a0, np.ndarray) and a0.dtype in (np.float32, np.float64)
+            and all(isinstance(a, np.ndarray) and a.ndim == 1 and a.flags.c_contiguous and a.dtype == a0.dtype
+                    for a in arrays))
+
+
+def _cpu_optim():
+    """The CPU backend's fused updates (imported on first use: numba is not needed on the GPU path)."""
+    from pydtnn.backends import _cpu_optim as fused
+    return fused
 
 
 class Optimizer:
@@ -102,8 +109,7 @@ class SGD(Optimizer):
             return
         v = self.state["velocity"]
         if _fusable(params, v, g):
-            from pydtnn.backends import _cpu_optim
-            _cpu_optim.sgd_momentum(params, v, g, params.dtype.type(lr), params.dtype.type(mu), self.nesterov)
+            _cpu_optim().sgd_momentum(params, v, g, params.dtype.type(lr), params.dtype.type(mu), self.nesterov)
             return
         v *= mu
         v -= lr * g
@@ -133,6 +139,9 @@ class RMSProp(Optimizer):
     def _update(self, params, g):
         xp = array_module(params)
         c = self.state["cache"]
+        if _fusable(params, c, g):
+            _cpu_optim().rmsprop(params, c, g, self.rho, self.learning_rate, self.epsilon)
+            return
         c *= self.rho
         c += (1 - self.rho) * g * g
         params -= self.learning_rate * g / (xp.sqrt(c) + self.epsilon)
@@ -173,9 +182,20 @@ class Adam(Optimizer):
         return m / (1 - self.beta1 ** t), v / (1 - self.beta2 ** t)
 
     def _update(self, params, g):
+        if self._fused(params, g):
+            return
         xp = array_module(params)
         m_hat, v_hat = self._moments(g)
         params -= self.learning_rate * m_hat / (xp.sqrt(v_hat) + self.epsilon)
+
+    def _fused(self, params, g, decoupled=False) -> bool:
+        """The CPU backend's one-pass update (NumPy's numbers, bit for bit), where the arrays allow it."""
+        m, v = self.state["m"], self.state["v"]
+        if not _fusable(params, m, v, g):
+            return False
+        _cpu_optim().adam(params, m, v, g, self.beta1, self.beta2, self.iterations, self.learning_rate,
+                          self.epsilon, self.decay if decoupled else 0.0, decoupled)
+        return True
 
 
 class Nadam(Adam):
@@ -207,13 +227,19 @@ class Nadam(Adam):
 
     def _update(self, params, g):
         xp = array_module(params)
-        m, v = self._raw_moments(g)
         t = self.iterations
         mu, mu_next = self._mu(t), self._mu(t + 1)
         self.mu_product *= mu
+        kg = self.learning_rate * (1 - mu) / (1 - self.mu_product)
+        km = self.learning_rate * mu_next / (1 - self.mu_product * mu_next)
+        m, v = self.state["m"], self.state["v"]
+        if _fusable(params, m, v, g):
+            _cpu_optim().nadam(params, m, v, g, self.beta1, self.beta2, t, self.epsilon, kg, km)
+            return
+        m, v = self._raw_moments(g)
         denom = xp.sqrt(v / (1 - self.beta2 ** t)) + self.epsilon
-        params -= (self.learning_rate * (1 - mu) / (1 - self.mu_product)) * g / denom
-        params -= (self.learning_rate * mu_next / (1 - self.mu_product * mu_next)) * m / denom
+        params -= kg * g / denom
+        params -= km * m / denom
 
     def state_dict(self):
         return dict(super().state_dict(), mu_product=self.mu_product)
@@ -251,6 +277,8 @@ class AdamW(Adam):
         return grads                  # decoupled: the decay is applied in _update, outside the moments
 
     def _update(self, params, g):
+        if self._fused(params, g, decoupled=True):
+            return
         xp = array_module(params)
         m_hat, v_hat = self._moments(g)
         step = m_hat / (xp.sqrt(v_hat) + self.epsilon)

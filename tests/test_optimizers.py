@@ -287,3 +287,48 @@ def test_fused_sgd_parts_give_the_same_bits(size, nesterov):
     eps = np.finfo(np.float32).eps
     assert np.all(np.abs(results[0][1] - v_ref) <= 4 * eps * (np.abs(mu * v0) + np.abs(lr * g)))
     assert np.all(np.abs(results[0][0] - w_ref) <= 4 * eps * scale)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name, hyper", [
+    ("rmsprop", {}), ("rmsprop", {"decay": 0.01}), ("adam", {}), ("adam", {"decay": 0.01}),
+    ("adam", {"beta1": 0.9, "epsilon": 1e-8}), ("nadam", {}), ("nadam", {"decay": 0.01}),
+    ("adamw", {}), ("adamw", {"decay": 0.05})])
+def test_fused_adaptive_updates_are_numpys_bits(name, hyper, dtype, monkeypatch):
+    """The CPU backend's one-pass RMSProp, Adam, NAdam and AdamW do NumPy's operations in NumPy's order,
+    each rounded once in the parameters' dtype, with the scalars cast as NumPy casts them: five steps
+    (bias corrections and NAdam's schedule moving) give NumPy's path's weights and state bit for bit,
+    in 1, 2 and 3 parts. Gradients span magnitudes 1e-4..1e1 and some are zero."""
+    from pydtnn import optimizers
+    rng = np.random.default_rng(len(name) + len(hyper))
+    size = 1037
+    w0 = rng.standard_normal(size).astype(dtype)
+    grads = [(rng.standard_normal(size) * 10.0 ** rng.integers(-4, 2, size) * (rng.random(size) > 0.05))
+             .astype(dtype) for _ in range(5)]
+
+    from pydtnn.backends import cpu
+    real_threads, parts = cpu.default_threads, []
+
+    def threads(work, *args, **kw):             # the fused path asks for its part count: count the steps
+        parts.append(work)
+        return nt_forced or real_threads(work, *args, **kw)
+
+    def run(fused):
+        w, opt = w0.copy(), get_optimizer(name, learning_rate=0.01, **hyper)
+        with monkeypatch.context() as patch:
+            patch.setattr(cpu, "default_threads", threads)
+            if not fused:
+                patch.setattr(optimizers, "_fusable", lambda *arrays: False)
+            for g in grads:
+                opt.step(w, g)
+        return w, opt.state
+    nt_forced = None
+    want_w, want_state = run(fused=False)
+    assert not np.array_equal(want_w, w0) and not parts
+    for nt_forced in (None, 1, 2, 3):
+        parts.clear()
+        got_w, got_state = run(fused=True)
+        assert len(parts) == len(grads)
+        np.testing.assert_array_equal(got_w, want_w)
+        for slot in want_state:
+            np.testing.assert_array_equal(got_state[slot], want_state[slot])
