@@ -6,10 +6,14 @@
     python scripts/bench_cpu.py --models resnet20_cifar10 --threads 2 --breakdown
     python scripts/bench_cpu.py --conv_algorithms direct,winograd,auto --ddp    # + the 2-rank row
     python scripts/bench_cpu.py --models vit_tiny_mnist --breakdown      # a Vision Transformer step
+    python scripts/bench_cpu.py --models vgg11_cifar10 --user_loop       # the loop a user writes
+    python scripts/bench_cpu.py --models vgg11_cifar10 --gains           # each one's 1 -> 2 thread gain
+    python scripts/bench_cpu.py --models vgg11_cifar10 --optimizer adam  # Adam instead of SGD, both
 
 The PyTorch network is MIRRORED from the PyDTNN model layer by layer (same convolutions, pools, blocks,
 normalizations, attention, initial weights), and the first step's loss of both is checked to agree, so
-both frameworks time the very same computation. A step is forward + loss + backward + SGD update, float32.
+both frameworks time the very same computation. A step is forward + loss + backward + the optimizer's
+update (SGD with momentum; `--optimizer adam` or `adamw`: PyTorch's defaults on both sides), float32.
 The two frameworks alternate in rounds, each block after one untimed step (`timed_block`), and the median
 step time of each is reported, with the ratio PyDTNN / PyTorch, and the spread of the per-round ratios
 (min-max). `conv_algorithm` is the CPU backend's option (PyTorch keeps its
@@ -257,10 +261,28 @@ def timed_block(fn, steps):
     return times
 
 
-def torch_step(net, x, labels):
-    """PyTorch's own training step on the mirrored network (SGD lr 0.01, momentum 0.9, as ours); returns the loss."""
+OPTIMIZER = ["sgd"]             # --optimizer: the update both frameworks run after each backward
+
+
+def optimizers():
+    """(PyDTNN's optimizer, PyTorch's for the given parameters), the same update with the same
+    hyper-parameters: SGD lr 0.01 momentum 0.9, or PyTorch's Adam / AdamW defaults (lr 1e-3, betas
+    0.9 / 0.999, eps 1e-8; AdamW weight decay 0.01)."""
     import torch
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    from pydtnn import optimizers as ours
+    name = OPTIMIZER[0]
+    if name == "sgd":
+        return ours.SGD(learning_rate=0.01, momentum=0.9), lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9)
+    if name == "adam":
+        return ours.Adam(learning_rate=1e-3, beta1=0.9, epsilon=1e-8), lambda p: torch.optim.Adam(p, lr=1e-3)
+    return (ours.AdamW(learning_rate=1e-3, beta1=0.9, epsilon=1e-8, decay=0.01),
+            lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.01))
+
+
+def torch_step(net, x, labels, make_optimizer):
+    """PyTorch's own training step on the mirrored network (the optimizer from `optimizers`); returns the loss."""
+    import torch
+    optimizer = make_optimizer(net.parameters())
     tx, ty = torch.from_numpy(x), torch.from_numpy(labels)
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -276,19 +298,18 @@ def torch_step(net, x, labels):
 def zoo_steps(name, batch, conv_algorithm="auto"):
     """The zoo step of both frameworks on the model and its mirror: (ours, theirs, model, net, x)."""
     from pydtnn.model import one_hot
-    from pydtnn.optimizers import SGD
 
     model, x, labels = build(name, batch, conv_algorithm=conv_algorithm)
     net = mirror(model)
     net.train()
     y = one_hot(labels, model.output_shape[0], np.float32)
-    opt = SGD(learning_rate=0.01, momentum=0.9)
+    opt, make_theirs = optimizers()
 
     def ours():
         value, _ = model.compute_gradients(x, y, "categorical_cross_entropy")
         opt.step(model.params, model.grads)
         return value
-    return ours, torch_step(net, x, labels), model, net, x
+    return ours, torch_step(net, x, labels, make_theirs), model, net, x
 
 
 def bench_row(name, batch, threads, rounds, steps, breakdown=False, conv_algorithm="auto"):
@@ -330,7 +351,6 @@ def user_steps(name, batch):
     from pydtnn import Model
     from pydtnn.losses import CategoricalCrossEntropy
     from pydtnn.models import build_model, default_input_shape
-    from pydtnn.optimizers import SGD
 
     model = Model("cpu", "float32", seed=0)
     build_model(name, model)
@@ -340,8 +360,8 @@ def user_steps(name, batch):
     y = np.eye(model.output_shape[0], dtype=np.float32)[labels]
     net = mirror(model)
     net.train()
-    loss, opt = CategoricalCrossEntropy(), SGD(learning_rate=0.01, momentum=0.9)
-    theirs = torch_step(net, x, labels)
+    loss, (opt, make_theirs) = CategoricalCrossEntropy(), optimizers()
+    theirs = torch_step(net, x, labels, make_theirs)
 
     def ours():
         out = model.forward(x, training=True)
@@ -526,12 +546,15 @@ def main():
     ap.add_argument("--gains", action="store_true",
                     help="the speed-up from the first to the last of --threads, both frameworks, the thread "
                          "counts alternated within every round (with --user_loop: of the user loop)")
+    ap.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd",
+                    help="the update both frameworks run (SGD momentum 0.9, or PyTorch's Adam / AdamW defaults)")
     ap.add_argument("--user_loop", action="store_true",
                     help="time the loop a user writes (public API, no launcher, threadpoolctl) instead of the "
                          "zoo step (compute_gradients)")
     a = ap.parse_args()
     if a.ddp_worker:
         return ddp_worker(a)
+    OPTIMIZER[0] = a.optimizer
     if a.clock == "thread":
         if a.threads != "1":
             sys.exit("bench_cpu.py: --clock thread measures the calling thread only: use it with --threads 1")
@@ -544,7 +567,7 @@ def main():
         import torch
     except ImportError:
         sys.exit("bench_cpu.py needs PyTorch as its peer: pip install torch==2.13.0")
-    print(f"PyTorch {torch.__version__}, NumPy {np.__version__}, {os.cpu_count()} CPUs, float32, batch {a.batch}")
+    print(f"PyTorch {torch.__version__}, NumPy {np.__version__}, {os.cpu_count()} CPUs, float32, batch {a.batch}, optimizer {a.optimizer}")
     if a.gains:
         threads = [int(t) for t in a.threads.split(",")]
         if len(threads) < 2:
