@@ -567,7 +567,8 @@ def main():
         import torch
     except ImportError:
         sys.exit("bench_cpu.py needs PyTorch as its peer: pip install torch==2.13.0")
-    print(f"PyTorch {torch.__version__}, NumPy {np.__version__}, {os.cpu_count()} CPUs, float32, batch {a.batch}, optimizer {a.optimizer}")
+    print(f"PyTorch {torch.__version__}, NumPy {np.__version__}, {os.cpu_count()} CPUs, float32, batch {a.batch}, "
+          f"optimizer {a.optimizer}")
     if a.gains:
         threads = [int(t) for t in a.threads.split(",")]
         if len(threads) < 2:
