@@ -422,11 +422,11 @@ def gain_row(name, batch, threads, rounds, steps, user_loop=False):
 
 
 def print_gains(rows):
-    lo, hi = rows[0]["threads"][0], rows[0]["threads"][-1]
     """The gains table. Its last column is the time each framework's step at `hi` threads takes beyond a
     perfect split of its `lo`-thread step: a framework with faster compute gains less from the same
     non-scaling passes (memory-bound ones, on a machine whose bandwidth does not grow with the cores), so
     a lower gain can come with fewer milliseconds lost."""
+    lo, hi = rows[0]["threads"][0], rows[0]["threads"][-1]
     print(f"\n| model | PyDTNN ms/step {lo} / {hi} threads | gain | PyTorch ms/step {lo} / {hi} threads | gain | "
           f"gain PyDTNN / PyTorch (rounds' median, min-max) | ms beyond t({lo}) x {lo}/{hi}, PyDTNN / PyTorch |"
           "\n|---|---:|---:|---:|---:|---:|---:|")

@@ -19,11 +19,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, uint64
 
+from pydtnn.backends import cpu
 from pydtnn.backends._cpu_pool import POOL
 
-# An element's update reads three arrays and writes two: a cheap, memory-bound pass (the backend's rule for
-# ReLU and the like: `_CHEAP` elements count as one of its thread threshold)
-_CHEAP = 8
 # Parts start at multiples of 16 elements (a 64-byte line of float32): no line is written by two threads.
 _LINE = 16
 
@@ -53,11 +51,10 @@ def sgd_momentum(w, v, g, lr, mu, nesterov, nt=None):
 
 
 def _parts(kernel, w, *args, nt=None):
-    """Run kernel(t, nt, w, *args) in `nt` parts (default: the CPU backend's thread rule for a cheap pass
-    over w.size elements, which follows threadpoolctl's limit)."""
+    """Run kernel(t, nt, w, *args) in `nt` parts (default: the CPU backend's thread rule for a cheap,
+    memory-bound pass over w.size elements, as ReLU's; it follows threadpoolctl's limit)."""
     if nt is None:
-        from pydtnn.backends.cpu import default_threads
-        nt = default_threads(w.size // _CHEAP)
+        nt = cpu.default_threads(w.size // cpu._CHEAP)
     POOL.run(kernel, nt, w, *args)
 
 

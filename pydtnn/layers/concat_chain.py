@@ -55,20 +55,19 @@ def link_concat_chains(layers) -> int:
 
 
 def _first_batchnorm(block):
-    """The BatchNormalization that starts the block's new path, where its backend can reuse moments."""
+    """The BatchNormalization that starts the block's new path (its class exactly), or None."""
     from pydtnn.layers.batchnorm import BatchNormalization
     path = block.paths[0]
     layer = path[0] if path else None
-    if type(layer) is BatchNormalization and getattr(layer.backend, "reuses_bn_moments", False):
-        return layer
-    return None
+    return layer if type(layer) is BatchNormalization else None
 
 
 def hand_on_moments(block, x) -> bool:
     """Before a training forward of `block` on x: where x is its chain predecessor's output in place (this
     pass's: claimable), give the block's first BatchNormalization the batch moments of x's last channels,
     the predecessor's input, from the predecessor's own first BatchNormalization. Both must normalize with
-    their replica's statistics (not synchronized). Returns whether it did."""
+    their replica's statistics (not synchronized), and their backend, the model's, keep moments
+    (`batch_moments` checks both for the predecessor). Returns whether it did."""
     prev = block.chain_prev
     if prev is None or prev._out is not x:
         return False
