@@ -14,7 +14,7 @@ class Relu(Layer):
     _passthrough = False
 
     def forward(self, x, training=False):
-        # fused with the BatchNormalization before it (pydtnn/layers/fusion.py): x is relu(bn(.)) already
+        # fused with the BatchNormalization before it (pydtnn/execution/relu_fusion.py): x is relu(bn(.)) already
         self._passthrough, self.fused_input = x is self.fused_input, None
         self.y = x if self._passthrough else self.backend.relu_forward(x)
         return self.y

@@ -7,7 +7,7 @@
             print(step, logs["loss"], logs["learning_rate"])
 
 Every hook is optional: the base class makes each one a no-op, and the loop also accepts an object of any
-class that defines only some of them (`call`). `trainer` is the `pydtnn.trainer.Trainer` running the loop
+class that defines only some of them (`call`). `trainer` is the `pydtnn.training.loop.Trainer` running the loop
 (`model`, `optimizer`, `steps_per_epoch`, `history`, `log`; set `trainer.stop_training = True` to stop after
 the current epoch). Every rank runs the same callbacks on the same (reduced) logs.
 
@@ -19,7 +19,7 @@ the current epoch). Every rank runs the same callbacks on the same (reduced) log
   and `batch_size`).
 
 The learning-rate schedulers and `model_checkpoint` (`pydtnn.schedulers`) are callbacks too, and so are the
-loop's own history file and progress bar (`pydtnn.loop_callbacks`). The order is fixed: every hook runs the
+loop's own history file and progress bar (`pydtnn.training.loop_callbacks`). The order is fixed: every hook runs the
 schedulers, then the user's callbacks (in the order given), then the loop's own (history file, progress
 bar). `on_epoch_end` runs in two passes: first every callback that does not save files; then the epoch's
 row is appended to `trainer.history`; then the history file is written, then the callbacks that save files

@@ -5,7 +5,7 @@
         --balance static --replica_speeds 1,2,3 ...
 
 A user's mistake prints one line (`pydtnn: error: ...`) on rank 0 and every rank exits with status 2
-(`pydtnn.parallel.shutdown`).
+(`pydtnn.parallel.runtime.shutdown`).
 Exit statuses: 0 done; 2 a user's mistake or an output that cannot be written; 3 stopped by SIGTERM or
 SIGUSR1 after writing a full checkpoint (continue with --resume); 130 interrupted (Ctrl-C).
 """
@@ -336,7 +336,7 @@ def parse_command_line(argv=None):
     then agrees that all were started with the same flags (`config_checks.agree_on_flags`): a rank whose
     flags do not parse, or that was given others (an MPMD launch, a per-node job script), stops every rank
     with one line."""
-    from pydtnn import config as config_checks
+    from pydtnn.launch import config as config_checks
     error = p = None
     given = frozenset()
     try:
@@ -354,7 +354,7 @@ def parse_command_line(argv=None):
 
 def _world_for_agreement():
     """MPI's COMM_WORLD under a launcher of several processes (MPI starts here then), else None."""
-    from pydtnn.parallel import launcher
+    from pydtnn.parallel.runtime import environment as launcher
     if not launcher.launched_with_many_processes():
         return None
     from pydtnn.parallel.comm import MPIComm
@@ -394,21 +394,21 @@ def run(p, given=None):
 
 def communicator(p):
     """The communicator of the run (MPI starts here under a launcher)."""
-    from pydtnn import config
+    from pydtnn.launch import config
     from pydtnn.parallel.comm import make_comm
     config.check_combinations(p)
     return make_comm("auto") if p.parallel == "data" else make_comm("serial")
 
 
 def configuration(p, given, comm):
-    """The one validated configuration (`pydtnn.config.configure`), after --resume's flags are merged in."""
-    from pydtnn import config
-    from pydtnn.parallel import launcher
+    """The one validated configuration (`pydtnn.launch.config.configure`), after --resume's flags are merged in."""
+    from pydtnn.launch import config
+    from pydtnn.parallel.runtime import environment as launcher
     from pydtnn.parallel.comm import raise_together
     given = frozenset(vars(p)) if given is None else frozenset(given)
     resume_lines, anew = [], set()
     if p.resume:          # the checkpoint's run gives the flags this command line does not
-        from pydtnn.checkpoint import read_meta
+        from pydtnn.training.checkpointing import read_meta
         _, anew, resume_lines = raise_together(
             comm, lambda: config.merge_resumed_flags(build_parser(), p, given, read_meta(p.resume)["flags"], p.resume),
             "another rank could not read its --resume checkpoint")
@@ -423,7 +423,7 @@ def configuration(p, given, comm):
 def set_up_devices(config, comm):
     """Threads per replica (all ranks' for the banner) and --emulate_speeds' factor for this rank."""
     import numpy as np
-    from pydtnn.parallel.threads import apply_threads
+    from pydtnn.parallel.runtime.threads import apply_threads
     np.seterr(all="ignore")        # overflow on the way to a NaN loss is reported once, by the trainer
     p = config.p
     threads, why = apply_threads(p.threads_per_replica, comm)
@@ -435,7 +435,7 @@ def set_up_devices(config, comm):
         out.emulate = p.emulate_speeds[comm.rank] / fastest
         out.emulate_reference = [i for i, f in enumerate(p.emulate_speeds) if f == fastest]
         # busy-wait where the node's cores hold every rank's threads (a sleep slows what follows it)
-        from pydtnn.parallel.threads import node_core_sets
+        from pydtnn.parallel.runtime.threads import node_core_sets
         node = node_core_sets(comm)
         out.emulate_spin = len(node) * threads <= len(set().union(*node))
     return out
@@ -503,7 +503,7 @@ def _synthetic_data(p, model):
     """Learnable synthetic data shaped like the built model, refused before allocating if it cannot fit."""
     from pydtnn.datasets import load_dataset
     if p.synthetic_samples:
-        from pydtnn.limits import check_fits, dataset_bytes
+        from pydtnn.launch.limits import check_fits, dataset_bytes
         check_fits(dataset_bytes(p.synthetic_samples, model.input_shape),
                    f"--synthetic_samples {p.synthetic_samples}", "lower --synthetic_samples")
     return load_dataset("synthetic", input_shape=model.input_shape, nclasses=model.output_shape[0],
@@ -543,7 +543,7 @@ def policy_and_split(config, local, comm):
 def initial_split(p, policy, model, dataset, nprocs):
     """The global batch B, the memory caps and the policy's checked initial sizes (pydtnn.parallel.policies),
     which the policy keeps; refused when B does not suit the data or a local batch does not fit memory."""
-    from pydtnn import config as config_checks
+    from pydtnn.launch import config as config_checks
     from pydtnn.parallel import balance
     n = nprocs if p.parallel == "data" else 1
     B = p.global_batch_size or p.batch_size * n
@@ -562,8 +562,8 @@ def make_trainer(config, devices, local, split, comm):
     from pydtnn.optimizers import get_optimizer
     from pydtnn.parallel.comm import raise_together
     from pydtnn.schedulers import check_metrics, make_schedulers
-    from pydtnn.trainer import Trainer
-    from pydtnn.trainer_options import Checkpointing, Emulation, Loop, Outputs, Parallelism
+    from pydtnn.training.loop import Trainer
+    from pydtnn.training.options import Checkpointing, Emulation, Loop, Outputs, Parallelism
     p, model, dataset = config.p, local.model, local.dataset
     optimizer = get_optimizer(p.optimizer_name, learning_rate=config.learning_rate, momentum=p.momentum,
                               nesterov=p.nesterov, decay=p.decay, rho=p.rho, beta1=p.beta1, beta2=p.beta2,
@@ -574,7 +574,7 @@ def make_trainer(config, devices, local, split, comm):
     if not has_val:          # metric-driven schedulers need validation data
         schedulers = [s for s in schedulers if not (getattr(s, "metric", "").startswith("val_")
                                                     and s.name != "model_checkpoint")]
-    from pydtnn.profiling.step_metrics import StepMetrics
+    from pydtnn.observe.step_metrics import StepMetrics
     step_metrics = StepMetrics(comm.rank, p.tensorboard_dir, p.step_history_file, p.plots_dir)
     trainer = Trainer(
         model, dataset, optimizer, loss=get_loss(p.loss_func, label_smoothing=p.label_smoothing), metrics=config.metrics,
@@ -593,7 +593,7 @@ def make_trainer(config, devices, local, split, comm):
 
     def restore():
         if p.weights_and_bias_filename:
-            from pydtnn.checkpoint import load_weights
+            from pydtnn.training.checkpointing import load_weights
             load_weights(p.weights_and_bias_filename, model)
         if p.resume:
             # a measured split (probe or dynamic) continues from the checkpoint; one given by flags is the flags'
@@ -637,7 +637,7 @@ def _print_banner(config, devices, local, split, trainer):
 def train(config, trainer, comm):
     """Evaluate and/or train as the flags say, then the final weights and the report; the exit status."""
     from pydtnn.errors import OutputError
-    from pydtnn.trainer import Preempted
+    from pydtnn.training.loop import Preempted
     p, model, rank, test = config.p, trainer.model, comm.rank, trainer.dataset.test
     if p.evaluate_only:
         _print_eval(trainer, test, "evaluation", rank)
@@ -654,7 +654,7 @@ def train(config, trainer, comm):
         else:
             trainer.fit(p.num_epochs)
     except Preempted as e:                 # every rank stopped after the same step (agreed in the step's allreduce)
-        from pydtnn.parallel import shutdown
+        from pydtnn.parallel.runtime import shutdown
         shutdown.end_job(EXIT_PREEMPTED, f"pydtnn: {e}")
     except OutputError as e:
         # an output failed after a whole step (a history row, a checkpoint, the trace): the weights are whole
@@ -666,7 +666,7 @@ def train(config, trainer, comm):
         for line in trainer.report():
             print(line)
         if p.profile_layers:
-            from pydtnn.profiling.layer_profile import measure_peak_flops
+            from pydtnn.observe.layer_profile import measure_peak_flops
             print(trainer.layer_profile.table(measure_peak_flops(model.backend),
                                               title=f"layer profile of rank 0 (b_i = {trainer.sizes[0]})"))
     comm.barrier()
@@ -699,7 +699,7 @@ def _check_outputs(p, comm):
 
 def _check_batch_fits(model, sizes, ntrain, p):
     """A local batch whose activations cannot fit in this machine's memory is refused before allocating."""
-    from pydtnn.limits import activation_bytes, check_fits
+    from pydtnn.launch.limits import activation_bytes, check_fits
     local = max(sizes) if p.steps_per_epoch > 0 else min(max(sizes), ntrain)   # a full pass never exceeds N
     flag = "--global_batch_size" if p.global_batch_size else "--batch_size"
     check_fits(activation_bytes(model, local), f"a local batch of {local} samples of {p.model_name}",
@@ -708,7 +708,7 @@ def _check_batch_fits(model, sizes, ntrain, p):
 
 def _save_final_weights(p, model, comm):
     """Rank 0 writes the final weights; if that fails, it tries the checkpoint folder, and says where."""
-    from pydtnn.checkpoint import save_weights
+    from pydtnn.training.checkpointing import save_weights
     from pydtnn.errors import OutputError
     from pydtnn.parallel.comm import raise_together
     if not p.save_weights_and_bias_filename:
@@ -758,7 +758,7 @@ def _print_eval(trainer, split, what, rank):
 
 
 def main(argv=None) -> int:
-    from pydtnn.parallel import shutdown
+    from pydtnn.parallel.runtime import shutdown
     # a log file or a launcher's pipe gets whole lines, in order, as they happen
     getattr(sys.stdout, "reconfigure", lambda **kw: None)(line_buffering=True)
     try:

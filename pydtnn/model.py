@@ -21,8 +21,8 @@ from pydtnn.activations import make_activation
 from pydtnn.backends import Backend, get_backend
 from pydtnn.errors import CheckpointError, ConfigError, ShapeError
 from pydtnn.layers.base import Layer
-from pydtnn.layers.concat_chain import link_concat_chains
-from pydtnn.layers.fusion import link_relus
+from pydtnn.execution.concat_chain import link_concat_chains
+from pydtnn.execution.relu_fusion import link_relus
 from pydtnn.layers.input import Input
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
@@ -40,7 +40,7 @@ def expand_activations(layers):
 
 
 class Model:
-    layer_timer = None          # a pydtnn.profiling.layer_timer.LayerTimer while tracing or profiling layers
+    layer_timer = None          # a pydtnn.observe.layer_timer.LayerTimer while tracing or profiling layers
 
     def __init__(self, backend="cpu", dtype="float32", seed=0):
         self.backend = backend if isinstance(backend, Backend) else get_backend(backend, dtype, seed)
@@ -234,12 +234,12 @@ class Model:
 
     def save(self, path):
         """Write the weights and running statistics to an NPZ file (the launcher's weights file format)."""
-        from pydtnn.checkpoint import save_weights
+        from pydtnn.training.checkpointing import save_weights
         save_weights(path, self)
 
     def load(self, path):
         """Read weights written by `save` or by the launcher (`--save_weights_and_bias_filename`)."""
-        from pydtnn.checkpoint import load_weights
+        from pydtnn.training.checkpointing import load_weights
         load_weights(path, self)
 
     # --- reporting ----------------------------------------------------------------------------------
@@ -265,11 +265,11 @@ class Model:
                     f"as {self.dtype.name}, backend {self.backend.name})")
         return "\n".join(body)
 
-    # --- training: the launcher's loop (pydtnn.trainer.Trainer) on arrays ------------------------------
+    # --- training: the launcher's loop (pydtnn.training.loop.Trainer) on arrays ------------------------------
     def fit(self, x, y=None, *, epochs=1, batch_size=64, optimizer=None, loss="categorical_cross_entropy",
             metrics=("categorical_accuracy",), validation_data=None, shuffle=True, verbose=False,
             callbacks=(), clip_grad_norm=0.0, comm=None):
-        """Train with the launcher's training loop (`pydtnn.trainer.Trainer`) on host arrays x (N, ...) and y
+        """Train with the launcher's training loop (`pydtnn.training.loop.Trainer`) on host arrays x (N, ...) and y
         (one-hot (N, K), integer labels, or float targets), or on a `pydtnn.datasets.Dataset` given as x (its
         `val` split is the validation data). Returns a Keras-like history dict of lists: loss, each metric,
         and their val_ versions with `validation_data` or a Dataset's val split.
@@ -285,7 +285,7 @@ class Model:
         from pydtnn.clipping import check_max_norm
         from pydtnn.datasets import Dataset
         from pydtnn.optimizers import SGD
-        from pydtnn.trainer import Trainer
+        from pydtnn.training.loop import Trainer
         check_max_norm(clip_grad_norm)
         if isinstance(x, Dataset):
             if y is not None or validation_data is not None:

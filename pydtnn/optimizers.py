@@ -39,7 +39,7 @@ def _fusable(*arrays) -> bool:
 
 def _cpu_optim():
     """The CPU backend's fused updates (imported on first use: numba is not needed on the GPU path)."""
-    from pydtnn.backends import _cpu_optim as fused
+    from pydtnn.backends.cpu import optim as fused
     return fused
 
 

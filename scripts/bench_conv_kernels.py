@@ -13,16 +13,12 @@ stable estimate of what a kernel costs.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import numpy as np  # noqa: E402
 
 from pydtnn.backends import ConvSpec, PoolSpec  # noqa: E402
-from pydtnn.backends.cpu import CPUBackend  # noqa: E402
+from pydtnn.backends.cpu.backend import CPUBackend  # noqa: E402
 
 
 def timeit(fn, repeat, peer=None, block=5):

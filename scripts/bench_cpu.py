@@ -37,8 +37,6 @@ import sys
 import time
 from collections import defaultdict
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import numpy as np  # noqa: E402
 
 
@@ -481,7 +479,7 @@ def _run(cmd, env):
 def ddp_row(a, conv_algorithm):
     """(ours ms, DDP ms, per-round ratios): median step time of each over rounds, alternated."""
     from pydtnn.models import default_input_shape  # noqa: F401  (the launcher builds the same model)
-    from pydtnn.parallel.mpirun import find_mpiexec
+    from pydtnn.parallel.runtime.mpirun import find_mpiexec
     mpiexec = find_mpiexec()
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     here = os.path.dirname(os.path.abspath(__file__))

@@ -35,8 +35,6 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout too
-
 import numpy as np  # noqa: E402
 
 DEFAULT_MODELS = "resnet50_imagenet,vgg16_imagenet,simplecnn"
@@ -46,7 +44,7 @@ DEFAULT_MODELS = "resnet50_imagenet,vgg16_imagenet,simplecnn"
 
 def ours_setup(name, batch, precision, args):
     from pydtnn import Model
-    from pydtnn.backends.gpu import GPUBackend
+    from pydtnn.backends.gpu.backend import GPUBackend
     from pydtnn.models import build_model
     from pydtnn.optimizers import SGD
     be = GPUBackend(dtype="float32", seed=0, precision=precision, auto_conv_alg=args.autotune, conv_impl=args.conv)
@@ -238,7 +236,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=10, help="timed steps per framework (median reported)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--conv", default=None, choices=["auto", "frontend", "legacy"],
-                   help="cuDNN implementation of our convolutions (see pydtnn/backends/_cudnn.py; default: "
+                   help="cuDNN implementation of our convolutions (see pydtnn/backends/gpu/cudnn.py; default: "
                         "$PYDTNN_GPU_CONV, else auto)")
     p.add_argument("--autotune", action="store_true", help="our convolutions: measure plans/algorithms")
     p.add_argument("--no_torch", action="store_true", help="time ours only")

@@ -22,9 +22,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from pydtnn.parallel.mpirun import mpi_command  # noqa: E402
+from pydtnn.parallel.runtime.mpirun import mpi_command  # noqa: E402
 
 
 def step_time(args, sync: bool, history: Path) -> float:

@@ -15,18 +15,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
 from pydtnn.datasets import load_dataset  # noqa: E402
 from pydtnn.model import Model  # noqa: E402
 from pydtnn.models import build_model  # noqa: E402
 from pydtnn.optimizers import SGD  # noqa: E402
-from pydtnn.trainer import Trainer  # noqa: E402
+from pydtnn.training.loop import Trainer  # noqa: E402
 
 
 def step_seconds(args, mode, folder):
@@ -48,9 +45,9 @@ def per_call_overhead(calls=100_000):
     """Seconds the layer timer adds to one layer call (a no-op layer: only the timer's own work), with the
     timeline recording: robust to the machine's load, unlike the step ratios."""
     from pydtnn.layers import Input
-    from pydtnn.profiling.layer_profile import LayerProfile
-    from pydtnn.profiling.layer_timer import LayerTimer
-    from pydtnn.profiling.timeline import Timeline
+    from pydtnn.observe.layer_profile import LayerProfile
+    from pydtnn.observe.layer_timer import LayerTimer
+    from pydtnn.observe.timeline import Timeline
     model = Model(backend="cpu", seed=0)
     layer = model.add(Input(shape=(1,)))
     x = [0.0]

@@ -16,8 +16,8 @@ import math
 import numpy as np
 from numba import njit
 
-from pydtnn.backends import _cpu_rows as krows
-from pydtnn.backends._cpu_special import ndtr32
+from pydtnn.backends.cpu import rows as krows
+from pydtnn.backends.cpu.special import ndtr32
 
 _EPS32 = 2.0 ** -23
 

@@ -94,7 +94,7 @@ dry_stage() {   # a stage in a dry run (no GPU here): what of it can be checked 
             echo "RESULT: would run $(grep -c '::' "$WORK/collect.out") tests, of which" \
                  "$(grep '::' "$WORK/collect.out" | grep -ci standin) stand-in ones" ;;
         nccl)            # the helper's imports, with the PYTHONPATH the two ranks get
-            "$PY" -c "import pydtnn.parallel.comm, pydtnn.parallel.nccl" || return 1 ;;
+            "$PY" -c "import pydtnn.parallel.comm, pydtnn.parallel.comm.nccl" || return 1 ;;
         mnist | mixed)
             [ -f "$MNIST/t10k-images-idx3-ubyte.gz" ] && [ -f "$MNIST/t10k-labels-idx1-ubyte.gz" ] \
                 || { echo "RESULT: MNIST missing at $MNIST"; return 1; } ;;
@@ -104,8 +104,8 @@ dry_stage() {   # a stage in a dry run (no GPU here): what of it can be checked 
 conformance_args() {
     # the hardware parameters only (the stand-in glue tests run in CI), the GPU backend's own tests first;
     # NCCL has its own stage; the pip resolution of the GPU extras needs a network the device lacks
-    CONFORMANCE=(-k "gpu and not standin" --deselect "tests/test_gpu_backend.py::test_nccl_comm_single_rank[gpu]"
-                 --ignore tests/test_gpu_extras.py tests/test_gpu_backend.py tests)
+    CONFORMANCE=(-k "gpu and not standin" --deselect "tests/backends/test_gpu_backend.py::test_nccl_comm_single_rank[gpu]"
+                 --ignore tests/backends/test_gpu_extras.py tests/backends/test_gpu_backend.py tests)
 }
 
 merge_history() {   # merge_history NAME FILE: add FILE's rows to $OUT/histories.json under NAME
@@ -139,7 +139,7 @@ print("python", platform.python_version(), "numpy", numpy.__version__)
 import cupy
 print("cupy", cupy.__version__, "CUDA runtime", cupy.cuda.runtime.runtimeGetVersion(),
       "devices", cupy.cuda.runtime.getDeviceCount())
-from pydtnn.backends._cudnn import find_libcudnn
+from pydtnn.backends.gpu.cudnn import find_libcudnn
 print("libcudnn found at", find_libcudnn())
 have = {}
 for what, probe in (("cudnn frontend", "import cudnn; print(cudnn.__version__, cudnn.backend_version_string())"),
@@ -155,7 +155,7 @@ for what, probe in (("cudnn frontend", "import cudnn; print(cudnn.__version__, c
         have[what] = False
 import numpy as np
 from pydtnn.backends import ConvSpec
-from pydtnn.backends.gpu import GPUBackend
+from pydtnn.backends.gpu.backend import GPUBackend
 conv = []
 for dtype, precision in (("float32", "fp32"), ("float32", "tf32"), ("float64", "fp32")):
     try:
@@ -216,7 +216,7 @@ EOF
     cat "$WORK/nccl2.out"
     refused=$(grep -c '^REFUSED as expected: NCCL needs one GPU per rank' "$WORK/nccl2.out")
     [ "$refused" = 2 ] || rc=1
-    "$PY" -m pytest -q -rfE -p no:cacheprovider "tests/test_gpu_backend.py::test_nccl_comm_single_rank[gpu]" \
+    "$PY" -m pytest -q -rfE -p no:cacheprovider "tests/backends/test_gpu_backend.py::test_nccl_comm_single_rank[gpu]" \
         > "$WORK/nccl1.out" 2>&1
     one=$?
     cat "$WORK/nccl1.out"

@@ -60,7 +60,7 @@ BN_MODES, WEIGHTINGS = ("local", "sync"), ("uniform", "proportional")
 def mpiexec_prefix(nprocs: int) -> list[str]:
     """`mpiexec [...] -n P python -m mpi4py` (the launcher's path is appended by the caller)."""
     from pydtnn.errors import ConfigError
-    from pydtnn.parallel.mpirun import mpi_command
+    from pydtnn.parallel.runtime.mpirun import mpi_command
     try:
         return mpi_command(nprocs, "")[:-1]
     except ConfigError as e:
@@ -641,7 +641,7 @@ def data_flags_for(ap, args, notes) -> list[str]:
 def run_all(args, runs, kinds, data_flags, out, env):
     """Every planned run; returns the commands, histories, wall seconds and load averages at each start.
     Progress as the launcher shows it: a tqdm bar on a terminal, a plain line now and then in a log."""
-    from pydtnn.progress import progress
+    from pydtnn.training.progress import progress
     commands, histories, wall, loads = {}, {}, {}, []
     with progress(total=len(runs), desc="runs", unit="run") as bar:
         for name, kind in runs.items():

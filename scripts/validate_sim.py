@@ -37,7 +37,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 LAUNCHER = REPO / "scripts" / "pydtnn_benchmark.py"
 ONE_THREAD = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")}
 
@@ -96,7 +95,7 @@ def partition_cases(model: str) -> list[Case]:
 
 
 def launcher_cmd(c: Case, args, history: Path) -> list[str]:
-    from pydtnn.parallel.mpirun import mpi_command
+    from pydtnn.parallel.runtime.mpirun import mpi_command
     cmd = mpi_command(c.ranks, str(LAUNCHER), [])
     cmd += ["--model", c.model, "--dataset", "synthetic", "--synthetic_samples", str(c.batch * args.steps),
             "--parallel", "data", "--global_batch_size", str(c.batch), "--steps_per_epoch", str(args.steps),

@@ -1,13 +1,9 @@
-import os
-import sys
+# pytest puts this folder (tests/) on sys.path, for tests/gpu_standin, tests/mpi_helpers and tests/paths in
+# every test folder; pydtnn itself comes from the install or the checkout (`python -m pytest` adds the
+# current folder), never from a path set here.
+import pytest
 
-# Tests see the repository's package even without an install (the README installs it editable anyway).
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))      # tests/gpu_standin, tests/mpi_helpers
-
-import pytest  # noqa: E402
-
-from pydtnn.backends import available_backends  # noqa: E402
+from pydtnn.backends import available_backends
 
 
 @pytest.fixture(params=available_backends() + ["gpu-standin"])
@@ -21,7 +17,7 @@ def backend_name(request):
         return
     import gpu_standin
     with gpu_standin.active():
-        from pydtnn.backends.gpu import GPUBackend
+        from pydtnn.backends.gpu.backend import GPUBackend
         yield GPUBackend(dtype="float64", seed=0)
 
 

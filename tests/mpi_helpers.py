@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pydtnn.errors import ConfigError
-from pydtnn.parallel import mpirun
+from pydtnn.parallel.runtime import mpirun
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"

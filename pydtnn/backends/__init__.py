@@ -213,7 +213,7 @@ class Backend:
 
     def erfc(self, x):
         """The complementary error function, to double precision (GELU); see `_special`."""
-        from pydtnn.backends._special import erfc
+        from pydtnn.backends.special import erfc
         return erfc(self.xp, x)
 
     def softmax(self, s, causal=False):
@@ -289,7 +289,7 @@ class Backend:
     # True where the batchnorm_* kernels take relu=True (forward: the ReLU applied in the same pass) and
     # batchnorm_backward takes relu_y (the gradient arriving after that ReLU): the model then runs a
     # BatchNormalization, or an AdditionBlock's merge, followed by a Relu as one pass over memory, keeping
-    # both layers (pydtnn/layers/fusion.py).
+    # both layers (pydtnn/execution/relu_fusion.py).
     fuses_relu = False
 
     def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None):
@@ -326,9 +326,9 @@ def get_backend(name: str = "cpu", dtype="float32", seed: int = 0, **options) ->
         raise ConfigError(f"unknown {name} backend option{'s' if len(unknown) > 1 else ''} "
                           f"{', '.join(unknown)}: the {name} backend takes {', '.join(BACKEND_OPTIONS[name])}")
     if name == "cpu":
-        from pydtnn.backends.cpu import CPUBackend
+        from pydtnn.backends.cpu.backend import CPUBackend
         return CPUBackend(dtype=dtype, seed=seed, **options)
-    from pydtnn.backends.gpu import GPUBackend
+    from pydtnn.backends.gpu.backend import GPUBackend
     return GPUBackend(dtype=dtype, seed=seed, **options)
 
 

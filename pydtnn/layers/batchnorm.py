@@ -17,10 +17,10 @@ class BatchNormalization(Layer):
     dgamma, dbeta = ParamAttr("gamma", grad=True), ParamAttr("beta", grad=True)
 
     sync = None                 # a BatchNormSync: global-batch statistics in training (data parallelism)
-    fused_relu = None           # the Relu after this layer, run in the same pass (pydtnn/layers/fusion.py)
+    fused_relu = None           # the Relu after this layer, run in the same pass (pydtnn/execution/relu_fusion.py)
     _relu_y = None              # that Relu's output, from the last forward
     # the batch moments of the next training forward's last channels, handed on by a dense chain
-    # (pydtnn/layers/concat_chain.py) and used once
+    # (pydtnn/execution/concat_chain.py) and used once
     known_moments = None
 
     def __init__(self, momentum=0.9, epsilon=1e-5, gamma_initializer="ones", beta_initializer="zeros", name=None):

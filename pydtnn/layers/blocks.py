@@ -8,7 +8,7 @@ import functools
 import inspect
 
 from pydtnn.layers.base import Layer
-from pydtnn.layers.concat_chain import chained, hand_on_moments
+from pydtnn.execution.concat_chain import chained, hand_on_moments
 
 
 def _adds(layer) -> bool:
@@ -84,7 +84,7 @@ class _Block(Layer):
 
 
 class AdditionBlock(_Block):
-    fused_relu = None           # the Relu after this block, applied in the merge (pydtnn/layers/fusion.py)
+    fused_relu = None           # the Relu after this block, applied in the merge (pydtnn/execution/relu_fusion.py)
     _relu_y = None
 
     def backward(self, dy):
@@ -117,7 +117,7 @@ class AdditionBlock(_Block):
 
 
 class ConcatenationBlock(_Block):
-    # A chain of dense layers shares one array (pydtnn/layers/concat_chain.py): `room` channels are left
+    # A chain of dense layers shares one array (pydtnn/execution/concat_chain.py): `room` channels are left
     # free in front of this block's output, where the next block's new maps go; `chain_prev` is the block
     # whose output's room this one writes into. Its output is then a channel slice of that array.
     room = 0

@@ -26,7 +26,7 @@ from pydtnn.parallel.comm import BucketedReducer, make_comm
 from pydtnn.parallel.policies import make_policy
 from pydtnn.parallel.sync_batchnorm import BatchNormSync
 from pydtnn.parallel.weighting import make_weighting
-from pydtnn.trace import StepTimer
+from pydtnn.observe.timing import StepTimer
 
 
 class DataParallel:
@@ -36,7 +36,7 @@ class DataParallel:
         """`comm`: a pydtnn communicator (default: MPI's world when started by mpiexec with several
         processes, else one process); `sizes` or `policy` (a BalancePolicy or a --balance name) give the
         split; `weighting`: "proportional", "uniform" or a function weights(sizes) -> list of w_i; `caps`:
-        the most samples each replica may hold (--max_local_batch); `timer`: a pydtnn.trace.StepTimer that counts
+        the most samples each replica may hold (--max_local_batch); `timer`: a pydtnn.observe.timing.StepTimer that counts
         the synchronized BatchNorm's reductions as wait (default: one of its own, which `train_step` reads,
         so the seconds it hands the policy are compute without those waits)."""
         self.model, self.optimizer = model, optimizer

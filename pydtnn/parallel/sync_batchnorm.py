@@ -13,7 +13,7 @@ values, through host memory on any communicator). Collectives stay matched for a
 replica has at least one sample and runs every BatchNormalization layer of every step.
 
 Time blocked in these reductions is wait, not compute: with a ``timer`` (the trainer's
-`pydtnn.trace.StepTimer`) each one is counted as the step's wait and, when tracing, is a `bn_sync` event.
+`pydtnn.observe.timing.StepTimer`) each one is counted as the step's wait and, when tracing, is a `bn_sync` event.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from pydtnn.errors import ConfigError
-from pydtnn.parallel.threads import THREAD_VARS, usable_cores
+from pydtnn.parallel.runtime.threads import THREAD_VARS, usable_cores
 from pydtnn.sim import model_table, network_fit
 from pydtnn.sim.profile import Network, Profile
 
@@ -98,7 +98,7 @@ def measure_layers(model, batch_points=DEFAULT_BATCH_POINTS, seconds=30.0, loss=
 
 def measure_network(nprocs=2, seconds=20.0, timeout=120.0) -> dict:
     """Run the ping-pong and Allreduce sweeps under mpiexec; returns the probe's JSON."""
-    from pydtnn.parallel import mpirun
+    from pydtnn.parallel.runtime import mpirun
     probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "network_probe.py")
     cmd = mpirun.mpi_command(nprocs, probe, [str(seconds)])
     env = _threads_env(1)
@@ -126,7 +126,7 @@ def measure_contention(model_name, batch, points, seconds=12.0, timeout=300.0, t
     run (tests)."""
     from statistics import median
     if probe is None:
-        from pydtnn.parallel import mpirun
+        from pydtnn.parallel.runtime import mpirun
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "contention_probe.py")
         env = _threads_env(threads)
 
@@ -161,7 +161,7 @@ def measure_step_overhead(model_name, batches=(8, 64), steps=20, dataset=None, t
     mean step period (from one step's first layer event to the next's) minus the mean compute (its layer
     events, `trace_profile.step_computes`), at two
     local batches. Returns (o0, o1): overhead = o0 + o1 * b seconds per step."""
-    from pydtnn.parallel import mpirun
+    from pydtnn.parallel.runtime import mpirun
     from pydtnn.sim.trace_profile import step_computes
     launcher = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                             "scripts", "pydtnn_benchmark.py")

@@ -1,4 +1,4 @@
-"""A profile from the launcher's Chrome trace (``--tracer_output trace.json``, pydtnn/profiling/timeline.py).
+"""A profile from the launcher's Chrome trace (``--tracer_output trace.json``, pydtnn/observe/timeline.py).
 
 The trace holds, per rank (pid) and traced step, every top-level layer's "forward" and "backward" events
 (named as in model.summary(); a fused softmax is "<name> + loss"), synchronized BatchNorm's "bn_sync" waits

@@ -48,7 +48,7 @@ _CPU = {}
 
 
 def _cpu(dtype):
-    from pydtnn.backends.cpu import CPUBackend
+    from pydtnn.backends.cpu.backend import CPUBackend
     dtype = np.dtype(dtype)
     if dtype not in _CPU:
         _CPU[dtype] = CPUBackend(dtype=dtype.name, conv_algorithm="direct")

@@ -10,7 +10,7 @@ import numpy as np
 
 from pydtnn.parallel import balance
 from pydtnn.parallel.comm import MPIComm
-from pydtnn.trace import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
+from pydtnn.observe.timing import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
 
 trace_path = sys.argv[1]
 comm = MPIComm()

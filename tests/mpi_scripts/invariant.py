@@ -27,7 +27,7 @@ from pydtnn.layers import (FC, AdditionBlock, AveragePool2D, BatchNormalization,
 from pydtnn.optimizers import SGD
 from pydtnn.parallel import balance
 from pydtnn.parallel.comm import MPIComm, SerialComm
-from pydtnn.trainer import Trainer
+from pydtnn.training.loop import Trainer
 
 weighting, speeds, B, steps = sys.argv[1], [float(v) for v in sys.argv[2].split(",")], int(sys.argv[3]), int(sys.argv[4])
 opts = {"non_blocking": "0", "clip": "0", "model": "plain", "sync": "0", "devices": "", "policy": ""}
@@ -109,7 +109,7 @@ comm = MPIComm(MPI.COMM_WORLD)
 sizes = balance.partition(B, speeds)
 devices = opts["devices"].split(",") if opts["devices"] else ["cpu"] * comm.size
 if devices[comm.rank] == "gpu":
-    from pydtnn.backends.gpu import GPUBackend
+    from pydtnn.backends.gpu.backend import GPUBackend
     backend = GPUBackend(dtype="float64", seed=0)
 else:
     backend = "cpu"

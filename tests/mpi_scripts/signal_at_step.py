@@ -8,10 +8,8 @@ import os
 import signal
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
 from pydtnn import cli                      # noqa: E402
-from pydtnn.trainer import Trainer          # noqa: E402
+from pydtnn.training.loop import Trainer          # noqa: E402
 
 AT = int(os.environ["SIGNAL_AT_STEP"])
 RANK = int(os.environ.get("SIGNAL_RANK", "0"))

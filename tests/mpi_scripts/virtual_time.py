@@ -26,8 +26,6 @@ import types
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
 COST = float(os.environ.get("VIRTUAL_COST_S", "0.001"))
 TICK = 1e-7
 
@@ -49,11 +47,13 @@ virtual_time = types.SimpleNamespace(**{n: getattr(time, n) for n in dir(time) i
 virtual_time.perf_counter, virtual_time.sleep = clock, clock.sleep
 real = time.perf_counter, time.sleep
 time.perf_counter, time.sleep = clock, clock.sleep    # while pydtnn is imported: default arguments bind it
-from pydtnn import cli, trace, trainer               # noqa: E402
+from pydtnn import cli                               # noqa: E402
+from pydtnn.observe import timing as trace           # noqa: E402
+from pydtnn.training import loop as trainer          # noqa: E402
 from pydtnn.model import Model                       # noqa: E402
 from pydtnn.parallel import balance, emulation       # noqa: E402
 from pydtnn.parallel.comm import MPIComm             # noqa: E402
-from pydtnn.profiling import layer_timer, timeline   # noqa: E402
+from pydtnn.observe import layer_timer, timeline     # noqa: E402
 time.perf_counter, time.sleep = real
 for module in (cli, trace, trainer, balance, emulation, layer_timer, timeline):
     module.time = virtual_time

@@ -1,0 +1,1 @@
+"""What the CPU kernels run on: the thread pool, BLAS from numba, GIL-free jobs, the heap."""

@@ -1,0 +1,1 @@
+"""The process around a replica: the MPI launcher's environment, mpirun lines, threads, how a job ends."""

@@ -1,0 +1,87 @@
+"""The loop's own callbacks (`pydtnn.callbacks.Callback`): the history file and the progress bar.
+
+`pydtnn.training.loop.Trainer` adds them itself, after the schedulers and the user's callbacks (the order is in
+`pydtnn.callbacks`): a user's callback never needs to create them.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+
+from pydtnn.callbacks import Callback
+from pydtnn.errors import OutputError
+from pydtnn.outputs import atomic_write
+from pydtnn.parallel.comm import raise_together
+from pydtnn.training.progress import progress
+
+
+class HistoryWriter(Callback):
+    """After every epoch, `trainer.history` (the new row included) to `path`: CSV, or JSON for a .json name.
+
+    Rank 0 writes, atomically; a failure is raised on every rank. Nothing is lost then: the error says
+    where the full checkpoint of that epoch went (`Trainer.rescue_checkpoint`), the weights stay trained.
+    """
+    saves_files = True      # runs after the epoch's row is recorded, first of the callbacks that write
+
+    def __init__(self, path):
+        self.path = path
+
+    def on_epoch_end(self, trainer, epoch, logs):
+        try:
+            raise_together(trainer.comm, lambda: self.write(trainer.history), "rank 0 could not write the history file",
+                           rank0_only=True)
+        except OutputError as e:       # nothing lost: the state after this epoch, then the error
+            raise OutputError(f"{e}; {trainer.rescue_checkpoint(epoch + 1)}") from None
+
+    def write(self, history):
+        if self.path.endswith(".json"):
+            text = json.dumps(history, indent=1)
+        else:
+            buf = io.StringIO(newline="")
+            writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for row in history for k in row)))
+            writer.writeheader()
+            writer.writerows(history)
+            text = buf.getvalue()
+        atomic_write(self.path, lambda f: f.write(text.encode()))
+
+
+class ProgressBar(Callback):
+    """One bar per epoch on stderr (`pydtnn.training.progress`): the epoch's running loss, metrics and samples/s.
+
+    It closes after the epoch's last step (before the epoch's line on stdout), and without counting the
+    step when the ranks agreed to stop inside the epoch (the preemption checkpoint follows); `close` ends
+    it on any other way out of the loop.
+    """
+
+    def __init__(self, metric_names):
+        self.metric_names = list(metric_names)
+        self.bar = None
+
+    def on_epoch_begin(self, trainer, epoch):
+        self.t0 = time.perf_counter()
+        self.bar = progress(total=trainer.steps_per_epoch, desc=f"epoch {epoch + 1}/{trainer.num_epochs}",
+                            unit="step", leave=True, initial=trainer.first_step)
+
+    def on_batch_end(self, trainer, step, logs):
+        last = (step + 1) % trainer.steps_per_epoch == 0
+        if trainer.stop_requested and not last:
+            self.close()
+            return
+        sums, samples = trainer.epoch_sums, trainer.epoch_samples
+        self.bar.set_postfix_str(f"loss={sums[0] / samples:.4f} "
+                                 + " ".join(f"{_short(m)}={v / samples:.4f}" for m, v in zip(self.metric_names, sums[1:]))
+                                 + f" {samples / (time.perf_counter() - self.t0):.0f} samples/s", refresh=False)
+        self.bar.update(1)
+        if last:
+            self.close()
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _short(name):
+    return {"categorical_accuracy": "acc"}.get(name, name)
