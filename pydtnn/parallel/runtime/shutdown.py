@@ -36,7 +36,8 @@ USER_ERROR_STATUS = 2
 SYNC_SECONDS_VAR = "PYDTNN_ERROR_SYNC_S"      # how long ranks wait for each other to agree on an error
 
 
-def _flush():
+def flush_output():
+    """Flush stdout and stderr: an abort or an exit would lose what they still buffer."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -72,7 +73,7 @@ def exit_on_user_error(message) -> None:
         while not request.Test():
             if time.monotonic() > deadline:
                 print(f"pydtnn: error (rank {world.Get_rank()}): {message}", file=sys.stderr)
-                _flush()
+                flush_output()
                 abort(world, USER_ERROR_STATUS)
             time.sleep(0.005)
     _end_together(mpi, USER_ERROR_STATUS, f"pydtnn: error: {message}")
@@ -109,18 +110,18 @@ def _end_together(mpi, status, line):
     if mpi is None:
         if not launcher.launched_by_mpi():
             print(line, file=sys.stderr)
-            _flush()
+            flush_output()
             sys.exit(status)
         if (launcher.launcher_rank() or 0) == 0:
             print(line, file=sys.stderr)
         else:
             time.sleep(0.5)          # let rank 0 print before a launcher that kills on first exit does
-        _flush()
+        flush_output()
         os._exit(status)             # not sys.exit: `python -m mpi4py` would turn it into an MPI_Abort
     world = mpi.COMM_WORLD
     if world.Get_rank() == 0:
         print(line, file=sys.stderr)
-    _flush()
+    flush_output()
     _wait_until_read()
     world.Barrier()                  # rank 0's line is out before any rank ends
     if _is_open_mpi(mpi):
@@ -157,5 +158,5 @@ def abort_on_bug() -> None:
     if mpi is None:
         return
     traceback.print_exc()
-    _flush()
+    flush_output()
     abort(mpi.COMM_WORLD, 1)
