@@ -53,8 +53,8 @@ def parse_command_line(argv=None):
 
 def _world_for_agreement():
     """MPI's COMM_WORLD under a launcher of several processes (MPI starts here then), else None."""
-    from pydtnn.parallel.runtime import environment as launcher
-    if not launcher.launched_with_many_processes():
+    from pydtnn.parallel.runtime import environment
+    if not environment.launched_with_many_processes():
         return None
     from pydtnn.parallel.comm import MPIComm
     world = MPIComm().comm
@@ -92,7 +92,7 @@ def communicator(p):
 
 def configuration(p, given, comm):
     """The one validated configuration (`pydtnn.launch.config.configure`), after --resume's flags are merged in."""
-    from pydtnn.parallel.runtime import environment as launcher
+    from pydtnn.parallel.runtime import environment
     from pydtnn.parallel.comm import raise_together
     given = frozenset(vars(p)) if given is None else frozenset(given)
     resume_lines, anew = [], set()
@@ -103,7 +103,7 @@ def configuration(p, given, comm):
             "another rank could not read its --resume checkpoint")
         if comm.size > 1:
             agree_on_flags(comm.comm, build_parser(), p, what="resumed from checkpoints of runs with")
-    run_config = configure(p, comm.size, launcher.launched_with_many_processes())
+    run_config = configure(p, comm.size, environment.launched_with_many_processes())
     check_outputs(p, comm)
     run_config.resume = types.SimpleNamespace(lines=resume_lines, anew=anew)
     return run_config

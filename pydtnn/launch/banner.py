@@ -39,4 +39,3 @@ def _print_params(p, comm_size):
     print(f"PyDTNN parameters ({comm_size} replica(s)):")
     for k, v in rows:
         print(f"  {k.ljust(width)}  {v}")
-

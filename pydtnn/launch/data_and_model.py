@@ -104,4 +104,3 @@ def _download_on_rank0(p, comm):
     raise_together(comm, lambda: load_dataset(p.dataset_name, train_path=p.dataset_train_path,
                                               test_path=p.dataset_test_path, download=True),
                    "the dataset download failed on rank 0", rank0_only=True)
-

@@ -67,22 +67,21 @@ def finite_float(value):
 
 
 def float_list(value):
-    try:
-        out = [float(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {value!r}") from None
-    if not out or any(not (math.isfinite(v) and v > 0) for v in out):
-        raise argparse.ArgumentTypeError(f"expected positive comma-separated numbers, got {value!r}")
-    return out
+    return _positive_list(value, float, "numbers", lambda v: math.isfinite(v) and v > 0)
 
 
 def positive_int_list(value):
+    return _positive_list(value, int, "integers", lambda v: v >= 1)
+
+
+def _positive_list(value, convert, what, positive):
+    """A comma list of at least one value, each converted and positive, or one line saying what is wrong."""
     try:
-        out = [int(v) for v in value.split(",") if v.strip()]
+        out = [convert(v) for v in value.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
-    if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive comma-separated integers, got {value!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {value!r}") from None
+    if not out or not all(positive(v) for v in out):
+        raise argparse.ArgumentTypeError(f"expected positive comma-separated {what}, got {value!r}")
     return out
 
 

@@ -63,4 +63,3 @@ def rescue_weights(p, model, comm):
     except OutputError as e:
         return f"; {e}"
     return f"; the trained weights were saved to {p.save_weights_and_bias_filename}"
-

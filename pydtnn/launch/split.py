@@ -38,4 +38,3 @@ def _check_batch_fits(model, sizes, ntrain, p):
     flag = "--global_batch_size" if p.global_batch_size else "--batch_size"
     check_fits(activation_bytes(model, local), f"a local batch of {local} samples of {p.model_name}",
                f"lower {flag}")
-

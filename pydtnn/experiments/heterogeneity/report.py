@@ -48,7 +48,7 @@ def machine_lines(args, loads, total_s, nruns):
         mpi = MPI.Get_library_version().splitlines()[0].strip()
     except Exception:  # noqa: BLE001 - informative only
         mpi = "unknown"
-    ones = [l[0] for l in loads if l is not None]
+    ones = [load[0] for load in loads if load is not None]
     return ["Machine, as measured during these runs:",
             f"- {time.strftime('%Y-%m-%d %H:%M %Z')}; cores: {os.cpu_count()} ({usable} usable by this process); "
             f"BLAS threads per replica: {args.threads} (`--threads_per_replica {args.threads}`, "
