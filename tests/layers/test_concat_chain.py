@@ -38,16 +38,17 @@ def blocks(model):
 
 
 def unchain(model):
-    for block in blocks(model):
-        block.room, block.chain_prev = 0, None
+    for chain in model.execution.chains:
+        chain.unwire()
 
 
 def test_the_chains_and_their_room():
     model = small_densenet()
     chain = blocks(model)
-    assert link_concat_chains(model.layers) == 3            # 2 links in the first chain, 1 in the second
-    assert [b.room for b in chain] == [5, 2, 0, 2, 0]      # the new channels of the blocks after each one
-    assert [b.chain_prev for b in chain] == [None, chain[0], chain[1], None, chain[3]]
+    chains = link_concat_chains(model.layers)
+    assert sum(len(c.blocks) - 1 for c in chains) == 3      # 2 links in the first chain, 1 in the second
+    assert [r for c in chains for r in c.rooms] == [5, 2, 0, 2, 0]     # the new channels of the blocks after each one
+    assert [c.blocks for c in chains] == [chain[:3], chain[3:]]
 
 
 def test_gradients_vs_finite_differences():

@@ -35,9 +35,9 @@ def test_pairs_are_found_and_the_model_keeps_both_layers():
     fused, plain = _model(True), _model(False)
     fused.params, plain.params  # noqa: B018  (packing links the pairs)
     bns = [l for l in fused.all_layers() if isinstance(l, BatchNormalization)]
-    assert [type(b.fused_relu).__name__ if b.fused_relu else None for b in bns] == ["Relu", "Relu", None]
+    assert [type(b.fused_relu.relu).__name__ if b.fused_relu else None for b in bns] == ["Relu", "Relu", None]
     assert all(l.fused_relu is None for l in plain.all_layers() if isinstance(l, (BatchNormalization, AdditionBlock)))
-    assert isinstance(fused.layers[4], AdditionBlock) and fused.layers[4].fused_relu is fused.layers[5]
+    assert isinstance(fused.layers[4], AdditionBlock) and fused.layers[4].fused_relu.relu is fused.layers[5]
     assert fused.summary() == plain.summary() and "relu" in fused.summary()
     resnet = Model(backend="cpu", seed=0)
     build_model("resnet20_cifar10", resnet)
@@ -61,7 +61,7 @@ def test_fused_equals_unfused_in_training_inference_and_backward():
         m.compute_gradients(x, y, "categorical_cross_entropy")
     np.testing.assert_allclose(fused.grads, plain.grads, rtol=1e-11, atol=1e-12)
     relus = [l for l in fused.all_layers() if isinstance(l, Relu)]
-    assert relus[0]._passthrough and relus[1]._passthrough and relus[2]._passthrough   # the fused paths ran
+    assert all(relu.fused_relu.passed_on for relu in relus[:3])     # the fused paths ran
 
 
 def test_fused_gradients_vs_finite_differences():
@@ -76,7 +76,7 @@ def test_fused_gradients_vs_finite_differences():
     model.add(FC(shape=(3,)))
     x = np.random.default_rng(1).standard_normal((4, 3, 5, 4))
     assert_gradients(model, x, tol=1e-5)
-    assert model.layers[2].fused_relu is model.layers[3] and model.layers[3]._passthrough
+    assert model.layers[2].fused_relu.relu is model.layers[3] and model.layers[3].fused_relu.passed_on
 
 
 def test_fused_relu_keeps_nan():
