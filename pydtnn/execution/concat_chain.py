@@ -26,8 +26,8 @@ from pydtnn.execution.declared import declared
 class DenseChain:
     """Blocks that share one array, in forward order: `rooms[i]` channels are left free in front of block
     i's output, where the new maps of the blocks after it go; `hand_offs` are the (first layer of block i-1,
-    first layer of block i) pairs that hand on batch moments. Each block's `chain` is this chain, and each
-    receiving layer's `moments_from` too."""
+    first layer of block i) pairs that hand on batch moments. Made, it wires the blocks (`block.chain`) and
+    the receiving layers (`layer.moments_from`) to itself; `unwire` detaches them."""
 
     def __init__(self, blocks):
         self.blocks = list(blocks)

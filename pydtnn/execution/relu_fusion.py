@@ -16,11 +16,12 @@ from pydtnn.execution.declared import declared
 
 
 class FusedRelu:
-    """`producer` applies the ReLU of `relu`, the Relu right after it, in its own pass; both layers point
-    here (`layer.fused_relu`)."""
+    """`producer` applies the ReLU of `relu`, the Relu right after it, in its own pass. Made, it wires both
+    layers to itself (`layer.fused_relu`); `unwire` detaches them."""
 
     def __init__(self, producer, relu):
         self.producer, self.relu = producer, relu
+        producer.fused_relu = relu.fused_relu = self
         self.y = None               # the producer's last output, relu'd: the mask of the producer's backward
         self.passed_on = False      # whether the Relu's last forward returned that output as it is
         self._handed = False        # the producer has returned y and the Relu's forward has not run since
@@ -45,14 +46,12 @@ class FusedRelu:
 
 def pair_relus(layers) -> list[FusedRelu]:
     """Pair every layer that declares `fuses_next_relu` and is directly followed by a Relu (that class
-    exactly: a subclass may compute something else) in `layers`, blocks' paths included, and wire both
-    layers to their pair. Returns the pairs in the order their producers run."""
+    exactly: a subclass may compute something else) in `layers`, blocks' paths included. Returns the pairs,
+    in the order their producers run."""
     pairs = []
     for layer, nxt in zip(layers, list(layers[1:]) + [None]):
         for path in getattr(layer, "paths", []):
             pairs += pair_relus(path)
         if type(nxt) is Relu and declared(layer, "fuses_next_relu"):
-            pair = FusedRelu(layer, nxt)
-            layer.fused_relu = nxt.fused_relu = pair
-            pairs.append(pair)
+            pairs.append(FusedRelu(layer, nxt))
     return pairs
