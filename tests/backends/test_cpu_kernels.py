@@ -506,7 +506,7 @@ def test_batchnorm_float32_matches_float64(be32, be64):
 def test_maxpool_nan_and_minus_inf_follow_the_documented_rule(pool, stride, pad):
     """Both forward loops (windows inside the image, and padded) keep the FIRST strict arg-max, never pick
     a NaN, and give tap -1 (no gradient) to a window with nothing above -inf."""
-    from pydtnn.backends.cpu import kernels as kp
+    from pydtnn.backends.cpu import pool as kp
     rng = np.random.default_rng(9)
     n, h, w, c = 2, 6, 7, 3
     x = rng.integers(0, 3, (n, h, w, c)).astype(np.float32)
