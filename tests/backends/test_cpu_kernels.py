@@ -171,7 +171,7 @@ CONV_CASES = [
     (2, 8, 7, 7, 8, (3, 3), (1, 1), (1, 1), (1, 1), 8, True),        # depthwise
     (2, 8, 9, 8, 8, (3, 3), (2, 2), (1, 1), (1, 1), 8, False),       # depthwise stride 2
     (1, 5, 9, 10, 5, (3, 3), (1, 1), (2, 2), (2, 2), 5, True),       # depthwise dilation 2
-    # at most 4 output pixels: one GEMM per (pixel, tap inside the image), `_cpu_pixels` (9 filters: not
+    # at most 4 output pixels: one GEMM per (pixel, tap inside the image), `cpu.pixels` (9 filters: not
     # the planes kernels)
     (3, 6, 2, 2, 20, (3, 3), (1, 1), (1, 1), (1, 1), 1, True),       # VGG's 2x2 images
     (2, 5, 3, 3, 4, (3, 3), (2, 2), (1, 1), (1, 1), 1, False),       # stride 2 -> 2x2
