@@ -5,7 +5,7 @@
   cached on disk (`cache`). It does part `t` of `nt` of the work (`parts.part_range`, `parts.grid_part`);
   the thread pool (`runtime.threads.POOL`) runs the parts.
 - Arrays travel flat and C-contiguous, their dimensions as ints, so each kernel has one compiled signature
-  per dtype; channels are innermost (NHWC), so the inner loops vectorize over them.
+  per dtype; in images channels are innermost (NHWC), so the inner loops vectorize over them.
 - Hot inner loops index flat arrays with UNSIGNED (uint64) offsets: with a computed signed index numba
   emits negative-index wraparound code that blocks vectorization (measured 2-10x slower). Mixing uint64
   and int64 in numba arithmetic gives float64, so offsets are converted whole.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from numba import njit, uint64
 
 FAST = {"cache": True, "fastmath": True, "boundscheck": False, "nogil": True}
-# no fast math: exact IEEE comparisons and roundings (max pooling's arg-max, the libm calls)
+# no fast math: exact IEEE comparisons and roundings (e.g. max pooling's arg-max, libm's erfc)
 IEEE = {"cache": True, "boundscheck": False, "nogil": True}
 # fast math that still keeps NaN and inf (a ReLU must pass a NaN on, as NumPy's maximum does, so that a
 # diverged run shows in its loss); reassociation lets sums vectorize
