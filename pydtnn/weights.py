@@ -11,6 +11,7 @@ mid-write leaves the previous file intact.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import zipfile
 
@@ -28,29 +29,38 @@ def atomic_savez(path: str, arrays: dict) -> None:
     atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
-def read_npz(path: str, what="file") -> dict:
-    """All arrays of an NPZ file, loaded with allow_pickle=False; one clear error for any problem: not an
-    NPZ archive (a .npy array, garbage), an array of Python objects, or an array that does not hold finite
-    real numbers (strings, complex numbers, NaN); the error names the file and the array."""
+@contextlib.contextmanager
+def open_npz(path: str, what="file", npy_hint=""):
+    """An NPZ archive, opened with allow_pickle=False and closed after the block; one CheckpointError naming
+    the file for a missing file, a .npy array (`npy_hint` says more) or a corrupt archive, also when the
+    block's reading finds it corrupt."""
     if not os.path.isfile(path):
         raise CheckpointError(f"{what} {path} does not exist")
-    arrays = {}
     try:
         data = np.load(path, allow_pickle=False)
         if not isinstance(data, np.lib.npyio.NpzFile):
             raise CheckpointError(f"{what} {path} is a .npy file (one array), not an NPZ archive of named "
-                                  f"arrays (write one with numpy.savez)")
+                                  f"arrays{npy_hint}")
         with data:
-            for key in data.files:
-                try:
-                    arrays[key] = data[key]
-                except ValueError as e:
-                    if "allow_pickle" in str(e):
-                        raise CheckpointError(f"{what} {path}: array {key!r} holds Python objects (pickled), "
-                                              f"which are never loaded") from None
-                    raise
+            yield data
     except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
         raise CheckpointError(f"{what} {path} is corrupt or not an NPZ file ({type(e).__name__}: {e})") from None
+
+
+def read_npz(path: str, what="file") -> dict:
+    """All arrays of an NPZ file, loaded with allow_pickle=False; one clear error for any problem: not an
+    NPZ archive (a .npy array, garbage), an array of Python objects, or an array that does not hold finite
+    real numbers (strings, complex numbers, NaN); the error names the file and the array."""
+    arrays = {}
+    with open_npz(path, what, " (write one with numpy.savez)") as data:
+        for key in data.files:
+            try:
+                arrays[key] = data[key]
+            except ValueError as e:
+                if "allow_pickle" in str(e):
+                    raise CheckpointError(f"{what} {path}: array {key!r} holds Python objects (pickled), "
+                                          f"which are never loaded") from None
+                raise
     for key, value in arrays.items():
         _check_real(value, key, path, what)
     return arrays

@@ -100,7 +100,7 @@ class DataParallel:
         hi = lo + self.sizes[self.rank]
         return x[lo:hi], y[lo:hi]
 
-    # --- the pieces of a step (the Trainer times each) ---------------------------------------------------
+    # --- the pieces of a step (`step` times each) ---------------------------------------------------------
     def weight(self, step_sizes):
         """This replica's factor w_i on its mean gradient for a step of `step_sizes`."""
         return self.weights(step_sizes)[self.rank]
@@ -147,7 +147,7 @@ class DataParallel:
             self.update()
         weighted = np.asarray([value] + [f(y_pred, y) for f in metric_fns]) * share
         mine = StepRecord.of_replica(self.rank, self.nreplicas, weighted, self.timer.step_compute_s / b_i,
-                                     self.timer.step_wait_s,      # this record's own reduction waits after
+                                     self.timer.step_wait_s,      # not the wait of this record's own reduction
                                      data_error=data_error, **(flags() if flags is not None else {}))
         packed = mine.pack()
         with self.timer.wait("stats allreduce", bytes=int(packed.nbytes)):
@@ -164,7 +164,7 @@ class DataParallel:
                              f"inputs and {len(y_local)} targets (use dp.local_slice)")
         y = self.model.backend.asarray(as_targets(y_local, self.model.output_shape[-1], self.model.dtype))
         record = self.step(x_local, y, self.weight(self.sizes), b_i / self.global_batch)
-        self.after_step(self.steps, record.compute_s_per_sample)     # dp.timer.stats: compute and wait so far
+        self.after_step(self.steps, record.compute_s_per_sample)
         self.steps += 1
         return record.loss
 

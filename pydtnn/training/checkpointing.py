@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import zipfile
 
 import numpy as np
 
 from pydtnn.errors import CheckpointError, ConfigError
-from pydtnn.weights import META_KEY, OPTIMIZER_PREFIX, atomic_savez, read_npz
+from pydtnn.weights import META_KEY, OPTIMIZER_PREFIX, atomic_savez, open_npz, read_npz
 
 FORMAT = "pydtnn-checkpoint-1"
 
@@ -46,17 +44,8 @@ def _decode_meta(raw, path) -> dict:
 
 def read_meta(path: str) -> dict:
     """A checkpoint's metadata alone (counters, flags of its run), validated; its arrays are not read."""
-    if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    try:
-        data = np.load(path, allow_pickle=False)
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise CheckpointError(f"checkpoint {path} is a .npy file (one array), not an NPZ archive of named "
-                                  f"arrays")
-        with data:
-            raw = data[META_KEY] if META_KEY in data.files else None
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
-        raise CheckpointError(f"checkpoint {path} is corrupt or not an NPZ file ({type(e).__name__}: {e})") from None
+    with open_npz(path, "checkpoint") as data:
+        raw = data[META_KEY] if META_KEY in data.files else None
     return _decode_meta(raw, path)
 
 

@@ -9,8 +9,9 @@ from pydtnn.targets import as_targets
 
 
 def evaluate_split(model, split, comm, loss, metric_names, metric_fns, batch_size):
-    """Each rank takes its contiguous part of `split` in batches of `batch_size`. One SUM-allreduce gives every rank the same means; a rank that cannot read its part (a
-    corrupt shard of a lazily read split) makes every rank raise."""
+    """Each rank takes its contiguous part of `split` in batches of `batch_size`. One SUM-allreduce gives
+    every rank the same means; a rank that cannot read its part (a corrupt shard of a lazily read split)
+    makes every rank raise."""
     n = len(split)
     mine = np.array_split(np.arange(n), comm.size)[comm.rank]
     sums = np.zeros(3 + len(metric_fns))       # loss, metrics, samples, and a flag: a read failed

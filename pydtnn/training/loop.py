@@ -42,8 +42,8 @@ __all__ = ["Trainer", "Preempted"]
 class Trainer:
     """The training loop. Callbacks (`pydtnn.callbacks`, where their order is fixed): the schedulers, the
     user's `callbacks`, then the loop's own history file and progress bar (`pydtnn.training.loop_callbacks`).
-    The checkpoint cadence and preemption stay in the loop: they act on the flags the ranks agree on in each
-    step's record, and a preemption ends the loop."""
+    The checkpoint cadence and preemption are no callbacks (`pydtnn.training.preemption`): they act on the
+    flags the ranks agree on in each step's record, and a preemption ends the loop."""
 
     def __init__(self, model, dataset, optimizer, *, loss="categorical_cross_entropy",
                  metrics=("categorical_accuracy",), parallel=None, loop=None, checkpointing=None, outputs=None,
@@ -109,10 +109,14 @@ class Trainer:
                                    waited=lambda: self.timer.step_wait_s)
         self.layer_profile = self.insight.layer_profile      # --profile_layers: the per-layer time table
 
-    # the split in force and the clipping count live in the engine (self.dp); the agreed stop in checkpoints
+    # the split in force and the clipping count live in the engine (self.dp); the checkpoint cadence and the
+    # stop the ranks agreed on in self.checkpoints
     sizes = property(lambda self: self.dp.sizes, lambda self, sizes: self.dp.adopt(sizes))
     clipped_steps = property(lambda self: self.dp.clipped_steps)
     stop_requested = property(lambda self: self.checkpoints.stop_requested)
+    checkpoint_dir = property(lambda self: self.checkpoints.checkpoint_dir)
+    save_steps = property(lambda self: self.checkpoints.save_steps)
+    save_minutes = property(lambda self: self.checkpoints.save_minutes)
 
     def span(self, name, category, always=False, **kwargs):
         """A timeline event when tracing (``always``: also outside --trace_steps), else nothing."""
