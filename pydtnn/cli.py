@@ -593,7 +593,7 @@ def make_trainer(config, devices, local, split, comm):
 
     def restore():
         if p.weights_and_bias_filename:
-            from pydtnn.weights import load_weights
+            from pydtnn.training.checkpointing import load_weights
             load_weights(p.weights_and_bias_filename, model)
         if p.resume:
             # a measured split (probe or dynamic) continues from the checkpoint; one given by flags is the flags'
@@ -708,7 +708,7 @@ def _check_batch_fits(model, sizes, ntrain, p):
 
 def _save_final_weights(p, model, comm):
     """Rank 0 writes the final weights; if that fails, it tries the checkpoint folder, and says where."""
-    from pydtnn.weights import save_weights
+    from pydtnn.training.checkpointing import save_weights
     from pydtnn.errors import OutputError
     from pydtnn.parallel.comm import raise_together
     if not p.save_weights_and_bias_filename:

@@ -14,6 +14,7 @@ import numpy as np
 
 from pydtnn.errors import CheckpointError, ConfigError
 from pydtnn.weights import META_KEY, OPTIMIZER_PREFIX, atomic_savez, open_npz, read_npz
+from pydtnn.weights import load_weights, save_weights  # noqa: F401  (moved to pydtnn.weights; here for one release)
 
 FORMAT = "pydtnn-checkpoint-1"
 
