@@ -139,3 +139,14 @@ def make_activation(spec):
         return ACTIVATIONS[spec]()
     except (KeyError, TypeError):
         raise ConfigError(f"unknown activation {spec!r}: choose one of {', '.join(ACTIVATIONS)}") from None
+
+
+def expand_activations(layers):
+    """Insert the activation layer that an `activation="relu"` shortcut asks for after its layer."""
+    out = []
+    for layer in layers:
+        out.append(layer)
+        if layer.activation is not None:
+            out.append(make_activation(layer.activation))
+            layer.activation = None
+    return out

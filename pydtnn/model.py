@@ -17,7 +17,7 @@ import re
 
 import numpy as np
 
-from pydtnn.activations import make_activation
+from pydtnn.activations import expand_activations
 from pydtnn.backends import Backend, get_backend
 from pydtnn.errors import CheckpointError, ConfigError, ShapeError
 from pydtnn.execution import ExecutionPlan, plan
@@ -28,17 +28,6 @@ from pydtnn.metrics import get_metric
 from pydtnn.targets import as_targets, one_hot  # noqa: F401  (moved to pydtnn.targets; here for one release)
 from pydtnn.targets import targets_for_outputs
 from pydtnn.weights import load_weights, save_weights
-
-
-def expand_activations(layers):
-    """Insert the activation layer that an `activation="relu"` shortcut asks for after its layer."""
-    out = []
-    for layer in layers:
-        out.append(layer)
-        if layer.activation is not None:
-            out.append(make_activation(layer.activation))
-            layer.activation = None
-    return out
 
 
 class Model:

@@ -33,7 +33,7 @@ class _Block(Layer):
         self.paths = [list(p) for p in paths]
 
     def initialize(self, in_shape, backend, rng, namer):
-        from pydtnn.model import expand_activations
+        from pydtnn.activations import expand_activations     # activations imports the layers' package
         self.backend, self.xp = backend, backend.xp
         if self.name is None:
             self.name = namer(self)
