@@ -26,7 +26,7 @@ _NAMES = ("cupy", "cupy.cuda", "cupy.cuda.runtime", "cupy.cuda.nccl", "cupy._cor
 def _install():
     """Put the stand-ins in sys.modules and the legacy cuDNN stand-in behind load_libcudnn; returns
     what to restore."""
-    import pydtnn.backends.gpu.cudnn as cudnn_glue
+    import pydtnn.backends.gpu.cudnn.library as cudnn_glue
     saved = {name: sys.modules.get(name, _MISSING) for name in _NAMES}
     saved["load_libcudnn"] = cudnn_glue.load_libcudnn
     modules = fake_cupy.build_modules()
@@ -41,7 +41,7 @@ _MISSING = object()
 
 
 def _restore(saved):
-    import pydtnn.backends.gpu.cudnn as cudnn_glue
+    import pydtnn.backends.gpu.cudnn.library as cudnn_glue
     cudnn_glue.load_libcudnn = saved.pop("load_libcudnn")
     for name, mod in saved.items():
         if mod is _MISSING:
