@@ -19,7 +19,7 @@ import sys
 from . import fake_cudnn, fake_cupy
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
-_NAMES = ("cupy", "cupy.cuda", "cupy.cuda.runtime", "cupy.cuda.nccl", "cupy._core",
+_NAMES = ("cupyx", "cupy", "cupy.cuda", "cupy.cuda.runtime", "cupy.cuda.nccl", "cupy._core",
           "cupy._core._routines_linalg", "cudnn")
 
 

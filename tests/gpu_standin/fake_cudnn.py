@@ -39,7 +39,7 @@ import types
 import numpy as np
 
 from pydtnn.backends import ConvSpec
-from . import device_memory, fake_cupy
+from . import counters, device_memory, fake_cupy
 
 FRONTEND_CALLS: list[tuple] = []
 LEGACY_CALLS: list[tuple] = []
@@ -404,6 +404,9 @@ class pygraph:  # noqa: N801
         plan = self.plans[index]
         FRONTEND_CALLS.append(("execute", kind, tuple(out.dim), index, plan.name, pack[a]))   # + first input's address
         fake_cupy.advance_clock(plan.cost * _RANDOM.uniform(1 - SETTINGS["noise"], 1 + SETTINGS["noise"]))
+        counters.record("cudnn", kind)
+        if not counters.SETTINGS["execute"]:
+            return
         if kind == "fprop":
             res = conv_emulated(plan.kind, "fprop", self.spec, np_dt, x=view[a], w=view[b])
         elif kind == "dgrad":
@@ -669,6 +672,9 @@ class LegacyLibrary:
         tensor_op = cv["math"] in (1, 2)
         cost = next((c for a, m, _d, _k, c in _LEGACY_ALGOS[op] if a == algo and (m in (1, 2)) == tensor_op), 0.3)
         fake_cupy.advance_clock(cost * _RANDOM.uniform(1 - SETTINGS["noise"], 1 + SETTINGS["noise"]))
+        counters.record("cudnn", op)
+        if not counters.SETTINGS["execute"]:
+            return 0
         if op == "fprop":
             res = conv_emulated(kind, op, spec, dt, x=arrays[0], w=arrays[1])
         elif op == "dgrad":

@@ -24,6 +24,7 @@ import tempfile
 
 import numpy as np
 
+from . import counters
 from .device_memory import DeviceArray
 
 MAX_GRID = (2 ** 31 - 1, 65535, 65535)
@@ -259,6 +260,9 @@ class RawFunction:
         g, b = self._check_grid(grid, block)
         values = self._marshal(tuple(args))
         LAUNCHES.append((self.name, g, b))
+        counters.record("launch", self.name)
+        if not counters.SETTINGS["execute"]:
+            return
         arg_ptrs = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
         gd, bd = (ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b)
         if self._launch(gd, bd, arg_ptrs) != 0:
