@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from pydtnn.errors import ConfigError, DatasetError, PyDTNNError
-from pydtnn.user_files import importable_folder, one_line, user_function
+from pydtnn.plugins import importable_folder, one_line, user_function
 
 from .arrays import from_arrays
 from .base import Dataset

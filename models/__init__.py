@@ -21,7 +21,7 @@ import inspect
 import os
 
 from pydtnn.errors import ConfigError, PyDTNNError
-from pydtnn.user_files import importable_folder, one_line, user_function
+from pydtnn.plugins import importable_folder, one_line, user_function
 
 from . import _common
 from . import (alexnet, autoencoder, densenet, googlenet, inception, mobilenet, resnet, simple,  # noqa: F401

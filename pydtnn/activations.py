@@ -10,17 +10,15 @@ from pydtnn.layers.base import Layer
 
 class Relu(Layer):
     internal_layout = True      # works on the backend's layout directly (no transposes)
-    fused_input = None          # set by a fused BatchNormalization before: its output, already relu'd
-    _passthrough = False
 
     def forward(self, x, training=False):
-        # fused with the BatchNormalization before it (pydtnn/execution/relu_fusion.py): x is relu(bn(.)) already
-        self._passthrough, self.fused_input = x is self.fused_input, None
-        self.y = x if self._passthrough else self.backend.relu_forward(x)
+        # wired to the layer before it (pydtnn/execution/relu_fusion.py), which applied this ReLU already
+        fused = self.fused_relu is not None and self.fused_relu.take()
+        self.y = x if fused else self.backend.relu_forward(x)
         return self.y
 
     def backward(self, dy):
-        if self._passthrough:           # the BatchNormalization's backward applies this ReLU's mask
+        if self.fused_relu is not None and self.fused_relu.passed_on:   # the layer before applies the mask
             return dy
         return self.backend.relu_backward(dy, self.y)
 

@@ -20,9 +20,8 @@ import numpy as np
 from pydtnn.activations import make_activation
 from pydtnn.backends import Backend, get_backend
 from pydtnn.errors import CheckpointError, ConfigError, ShapeError
+from pydtnn.execution import ExecutionPlan, plan
 from pydtnn.layers.base import Layer
-from pydtnn.execution.concat_chain import link_concat_chains
-from pydtnn.execution.relu_fusion import link_relus
 from pydtnn.layers.input import Input
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
@@ -41,6 +40,7 @@ def expand_activations(layers):
 
 class Model:
     layer_timer = None          # a pydtnn.observe.layer_timer.LayerTimer while tracing or profiling layers
+    execution: ExecutionPlan | None = None     # what pydtnn.execution wired when the model was packed
 
     def __init__(self, backend="cpu", dtype="float32", seed=0):
         self.backend = backend if isinstance(backend, Backend) else get_backend(backend, dtype, seed)
@@ -96,8 +96,9 @@ class Model:
                             self._grads[offset:offset + size].reshape(shape))
             self.param_offsets[f"{layer.name}/{name}"] = (offset, size)
             offset += size
-        link_relus(self.layers)        # fused execution of BatchNormalization/AdditionBlock + Relu, where it can
-        link_concat_chains(self.layers)     # dense layers share one array per chain instead of copying
+        if self.execution is not None:
+            self.execution.unwire()         # repacked after an add: wired anew
+        self.execution = plan(self.layers)  # fused Relus and dense chains, from what the layers declare
         # top-level layer i owns params from _starts[i]; after its backward grads[_starts[i]:] are final
         self._starts, offset = [], 0
         for layer in self.layers:

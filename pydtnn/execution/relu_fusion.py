@@ -1,29 +1,57 @@
-"""Fused execution of layers that stay separate in the model: a BatchNormalization, or an AdditionBlock,
-directly followed by a Relu runs as one pass over memory where the backend offers it (`backend.fuses_relu`,
-the CPU's).
+"""Fused execution of layers that stay separate in the model: a layer that declares `fuses_next_relu` (a
+BatchNormalization, an AdditionBlock, where the backend's kernels take relu=: `backend.fuses_relu`, the
+CPU's) directly followed by a Relu runs both as one pass over memory.
 
 The model and its summary keep both layers, with their own names, shapes and (no) parameters. In
-execution the BatchNormalization computes relu(bn(x)) and hands that array to its Relu, whose forward then
-returns it as it is; the Relu's backward passes the gradient on unchanged and the BatchNormalization's
-backward applies the ReLU's mask inside its own two passes. A synchronized BatchNormalization
+execution the producer computes relu(its result) and hands that array on (`FusedRelu.hand_on`); the Relu's
+forward then returns it as it is, its backward passes the gradient on unchanged, and the producer's backward
+applies the ReLU's mask (`FusedRelu.y`) inside its own passes. A synchronized BatchNormalization
 (--sync_batchnorm) fuses too: the mask only changes which gradients enter its sums. An AdditionBlock
 computes relu(sum of its paths) in its merge and applies the mask when its backward starts.
 """
 from __future__ import annotations
 
+from pydtnn.activations import Relu
+from pydtnn.execution.declared import declared
 
-def link_relus(layers) -> int:
-    """Pair every BatchNormalization or AdditionBlock directly followed by a Relu in `layers`, blocks' paths
-    included (their own classes exactly: a subclass may compute something else). Returns the number of pairs."""
-    from pydtnn.activations import Relu
-    from pydtnn.layers.batchnorm import BatchNormalization
-    from pydtnn.layers.blocks import AdditionBlock
-    pairs = 0
+
+class FusedRelu:
+    """`producer` applies the ReLU of `relu`, the Relu right after it, in its own pass. Made, it wires both
+    layers to itself (`layer.fused_relu`); `unwire` detaches them."""
+
+    def __init__(self, producer, relu):
+        self.producer, self.relu = producer, relu
+        producer.fused_relu = relu.fused_relu = self
+        self.y = None               # the producer's last output, relu'd: the mask of the producer's backward
+        self.passed_on = False      # whether the Relu's last forward returned that output as it is
+        self._handed = False        # the producer has returned y and the Relu's forward has not run since
+
+    def hand_on(self, y):
+        """The producer's forward, which applied the ReLU: its output y goes to the Relu once. Returns y."""
+        self.y, self._handed = y, True
+        return y
+
+    def take(self) -> bool:
+        """The Relu's forward: whether its input is the producer's output, relu'd already (once per hand_on:
+        the Relu run on its own computes)."""
+        self.passed_on, self._handed = self._handed, False
+        return self.passed_on
+
+    def unwire(self):
+        self.producer.fused_relu = self.relu.fused_relu = None
+
+    def __repr__(self):
+        return f"FusedRelu({self.producer.name} + {self.relu.name})"
+
+
+def pair_relus(layers) -> list[FusedRelu]:
+    """Pair every layer that declares `fuses_next_relu` and is directly followed by a Relu (that class
+    exactly: a subclass may compute something else) in `layers`, blocks' paths included. Returns the pairs,
+    in the order their producers run."""
+    pairs = []
     for layer, nxt in zip(layers, list(layers[1:]) + [None]):
-        if type(layer) in (BatchNormalization, AdditionBlock):
-            fuse = type(nxt) is Relu and getattr(layer.backend, "fuses_relu", False)
-            layer.fused_relu = nxt if fuse else None
-            pairs += fuse
         for path in getattr(layer, "paths", []):
-            pairs += link_relus(path)
+            pairs += pair_relus(path)
+        if type(nxt) is Relu and declared(layer, "fuses_next_relu"):
+            pairs.append(FusedRelu(layer, nxt))
     return pairs

@@ -13,20 +13,17 @@ dataset or the replica count), testable without MPI:
 - `check_against_data`: `--evaluate` / `--evaluate_only` without a test split, a global batch larger than
   the training set;
 - `merge_resumed_flags`: `--resume`: the checkpoint's flags for those not given, one line per given flag
-  that differs from the checkpoint's run;
-- `flag_digests` / `first_difference` / `agree_on_flags`: the ranks agree that they were started with the
-  same flags (MPMD launches and per-node job scripts can start them with others).
+  that differs from the checkpoint's run.
+
+That the ranks were started with the same flags is `pydtnn.launch.agreement`'s.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
-import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from pydtnn.errors import CheckpointError, ConfigError
+from pydtnn.launch.flags import flag_dests, flag_text, json_value, option_of
 
 
 # -------------------------------------------------------------------------------- the run configuration
@@ -96,6 +93,7 @@ def _trace_steps(p):
     except ValueError as e:
         raise ConfigError(f"--trace_steps: {e}") from None
 
+
 # Flags that describe how this machine runs, never what is trained: a resumed run takes them from its own
 # command line, not from the checkpoint.
 EXECUTION_FLAGS = frozenset({
@@ -105,25 +103,6 @@ EXECUTION_FLAGS = frozenset({
     "enable_memory_cache", "tensor_format", "shared_storage", "download", "enable_fused_bn_relu",
     "enable_fused_conv_relu", "enable_fused_conv_bn", "enable_fused_conv_bn_relu", "enable_best_of"})
 
-# Flags that may differ between ranks: a rank's own threads; files each rank reads from its own node
-# (only whether they are given must agree); what only rank 0 writes or shows.
-PER_RANK_FLAGS = frozenset({"threads_per_replica", "history_file", "save_weights_and_bias_filename",
-                            "tracer_output", "checkpoint_dir", "progress_bar", "profile", "tensorboard_dir",
-                            "step_history_file", "plots_dir"})
-PRESENCE_FLAGS = frozenset({"dataset_train_path", "dataset_test_path", "weights_and_bias_filename", "resume"})
-
-
-def option_of(parser: argparse.ArgumentParser, dest: str) -> str:
-    for action in parser._actions:
-        if action.dest == dest and action.option_strings:
-            return action.option_strings[0]
-    return f"--{dest}"
-
-
-def flag_dests(parser: argparse.ArgumentParser) -> list[str]:
-    """Every flag's attribute name, in the parser's (the --help) order."""
-    return [a.dest for a in parser._actions if a.option_strings and a.dest != "help"]
-
 
 def given_flags(build_parser, argv) -> frozenset:
     """The attribute names of the flags that `argv` gives (a parser without defaults parses it again)."""
@@ -131,16 +110,6 @@ def given_flags(build_parser, argv) -> frozenset:
     for action in parser._actions:
         action.default = argparse.SUPPRESS
     return frozenset(vars(parser.parse_args(argv)))
-
-
-def _shown(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return ",".join(_shown(v) for v in value)
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value) if value != "" else '""'
 
 
 # ---------------------------------------------------------------------------------- combinations of flags
@@ -172,9 +141,9 @@ def learning_rate_in_force(p, nreplicas: int) -> tuple[float, str | None]:
     if (p.parallel == "data" and p.learning_rate_scaling and p.optimizer_name == "sgd" and nreplicas > 1
             and p.global_batch_size is None):
         return (p.learning_rate * nreplicas,
-                f"--learning_rate {_shown(p.learning_rate)} x {nreplicas} replicas: linear scaling, as the global "
+                f"--learning_rate {flag_text(p.learning_rate)} x {nreplicas} replicas: linear scaling, as the global "
                 f"batch is --batch_size {p.batch_size} x {nreplicas}; --learning_rate_scaling false keeps "
-                f"{_shown(p.learning_rate)}")
+                f"{flag_text(p.learning_rate)}")
     return p.learning_rate, None
 
 
@@ -182,7 +151,7 @@ def check_schedules(p, rate: float, why: str | None) -> None:
     names = [n.strip() for n in (p.lr_schedulers_names or "").split(",") if n.strip()]
     if "cosine" in names and p.cosine_min_lr > rate:
         where = f"the learning rate in force: {why}" if why else "the learning rate"
-        raise ConfigError(f"cosine: min_lr must be in [0, {rate:g}] ({where}), got {_shown(p.cosine_min_lr)} "
+        raise ConfigError(f"cosine: min_lr must be in [0, {rate:g}] ({where}), got {flag_text(p.cosine_min_lr)} "
                           f"(--cosine_min_lr)")
 
 
@@ -207,13 +176,6 @@ def check_against_data(p, dataset, global_batch: int) -> None:
 
 # ----------------------------------------------------------------------------------------------- resume
 
-def _normal(value):
-    """A flag value as it reads back from a checkpoint's JSON (tuples are lists)."""
-    if isinstance(value, tuple):
-        return [_normal(v) for v in value]
-    return value
-
-
 def merge_resumed_flags(parser, p, given, saved: dict, path: str):
     """`--resume`: what the command line says wins; a flag it does not give comes from the checkpoint's run.
     Returns (inherited, anew, lines): the attributes set on ``p`` from the checkpoint; the given flags that
@@ -225,12 +187,12 @@ def merge_resumed_flags(parser, p, given, saved: dict, path: str):
     for dest in dests:
         if dest not in saved:
             continue                       # a flag newer than the checkpoint: this run's value
-        old, new = _normal(saved[dest]), _normal(getattr(p, dest))
+        old, new = json_value(saved[dest]), json_value(getattr(p, dest))
         if dest in given:
             if old != new and dest in RESTORED_STATE:
                 anew.add(dest)
-                lines.append(f"resume: {option_of(parser, dest)} {_shown(new)} instead of the checkpoint's "
-                             f"{_shown(old) if old is not None else 'none'}: {RESTORED_STATE[dest]}")
+                lines.append(f"resume: {option_of(parser, dest)} {flag_text(new)} instead of the checkpoint's "
+                             f"{flag_text(old) if old is not None else 'none'}: {RESTORED_STATE[dest]}")
         elif old != new:
             inherited.append(dest)
     # the checkpoint's values go through the parser, as if typed: a crafted file cannot pass bad values
@@ -239,7 +201,7 @@ def merge_resumed_flags(parser, p, given, saved: dict, path: str):
         value = saved[dest]
         if value is None:
             continue
-        argv += [option_of(parser, dest), _shown(value) if not isinstance(value, float) else repr(value)]
+        argv += [option_of(parser, dest), flag_text(value) if not isinstance(value, float) else repr(value)]
     try:
         parsed = parser.parse_args(argv)
     except ConfigError as e:
@@ -263,88 +225,3 @@ RESTORED_STATE = {
     "lr_schedulers_names": "a scheduler the checkpoint does not hold starts afresh",
     "early_stopping_metric": _BEST, "reduce_lr_on_plateau_metric": _BEST, "model_checkpoint_metric": _BEST,
 }
-
-
-# ---------------------------------------------------------------------------------- ranks agree on flags
-
-DIGEST_BITS = 62
-
-
-def _digest(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> (64 - DIGEST_BITS)
-
-
-def flag_digests(parser, p) -> np.ndarray:
-    """One 62-bit digest per flag that must be equal on every rank (int64, in the parser's order); for a
-    flag naming a rank's own file, only whether it is given; 0 for those that may differ."""
-    out = []
-    for dest in flag_dests(parser):
-        if dest in PER_RANK_FLAGS:
-            out.append(0)
-        elif dest in PRESENCE_FLAGS:
-            out.append(_digest(f"{dest}={getattr(p, dest) is not None}"))
-        else:
-            out.append(_digest(f"{dest}={_normal(getattr(p, dest))!r}"))
-    return np.asarray(out, dtype=np.int64)
-
-
-def first_difference(highest: np.ndarray, lowest: np.ndarray) -> int | None:
-    """Index of the first flag whose digest is not the same on every rank (from the elementwise maximum and
-    minimum over the ranks), or None."""
-    differ = np.flatnonzero(highest != lowest)
-    return int(differ[0]) if differ.size else None
-
-
-def _ranks(ranks: list[int]) -> str:
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"ranks {ranks[0]}-{ranks[-1]}"
-    return "ranks " + ",".join(map(str, ranks))
-
-
-def describe_difference(option: str, values: list) -> str:
-    """One line for a flag that differs: the value on each group of ranks, in rank order."""
-    groups: dict = {}
-    for rank, value in enumerate(values):
-        groups.setdefault(value, []).append(rank)
-    shown = " and ".join(f"{value} on {_ranks(ranks)}" for value, ranks in groups.items())
-    return (f"the ranks were started with different flags: {option} is {shown} (every rank needs the same "
-            f"flags; only --threads_per_replica, the dataset, weights and checkpoint paths, and rank 0's "
-            f"outputs may differ)")
-
-
-def agree_on_flags(world, parser, p, error=None, what="started") -> None:
-    """Every rank of `world` (an mpi4py communicator) calls this at the same point, with its parsed flags
-    or the ConfigError that parsing them raised. One collective (an elementwise max of the digests and of
-    their negatives) decides on every rank at once; then, only when something is wrong, the failing ranks'
-    messages or the differing values are gathered, and every rank raises the same ConfigError (rank 0
-    prints it)."""
-    n = len(flag_dests(parser))
-    digests = np.zeros(n, dtype=np.int64) if p is None else flag_digests(parser, p)
-    buf = np.concatenate([digests, -digests, [1 if error is not None else 0]]).astype(np.int64)
-    from mpi4py import MPI
-    world.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
-    if buf[-1]:                           # a rank could not parse its flags: its own message
-        messages = world.gather(None if error is None else str(error), root=0)
-        line = None
-        if world.Get_rank() == 0:
-            rank, line = next((r, m) for r, m in enumerate(messages) if m is not None)
-            if rank != 0 and error is None:
-                line = f"rank {rank}: {line}"
-        raise ConfigError(world.bcast(line, root=0))
-    index = first_difference(buf[:n], -buf[n:2 * n])
-    if index is None:
-        return
-    dest = flag_dests(parser)[index]
-    shown = f"given: {getattr(p, dest) is not None}" if dest in PRESENCE_FLAGS else _shown(getattr(p, dest))
-    values = world.gather(shown, root=0)
-    line = describe_difference(option_of(parser, dest), values) if world.Get_rank() == 0 else None
-    line = world.bcast(line, root=0)
-    if what != "started":
-        line = line.replace("were started with", what)
-    raise ConfigError(line)
-
-
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

@@ -145,6 +145,31 @@ class Layer:
     def weight_shape_str(self) -> str:
         return ", ".join(str(tuple(s)) for s, *_ in self.param_specs().values())
 
+    # --- declarations: what the execution passes (pydtnn/execution/) may do with this layer -----------
+    # Nothing by default. The passes read them when the model is packed and set the wiring below to objects
+    # they own. A declaration holds for the class that defines it, not for its subclasses (which may compute
+    # something else): a subclass that still can declares again (`fuses_next_relu = Base.fuses_next_relu`).
+    fused_relu = None           # a FusedRelu: this layer applies the Relu after it, or is that Relu
+    chain = None                # a DenseChain: this block writes into the array its chain shares
+    moments_from = None         # a DenseChain that hands this layer the batch moments of its input's last channels
+
+    def fuses_next_relu(self) -> bool:
+        """Whether a Relu right after this layer can run inside it. Wired, forward returns
+        `self.fused_relu.hand_on(relu(result))` and backward first applies that ReLU's mask,
+        `backend.relu_backward(dy, self.fused_relu.y)`; the Relu passes both on unchanged."""
+        return False
+
+    def takes_known_moments(self) -> bool:
+        """Whether, first in a dense chain's block, a training forward can use the per-channel batch moments
+        of its input's last channels, summed before (`self.moments_from.take_moments(self)`, None if none),
+        and `batch_moments()` gives its own last ones (or None)."""
+        return False
+
+    def shares_chain_array(self) -> bool:
+        """Whether this block can put its new maps in front of its input inside one array shared with the
+        blocks around it (`self.chain.merge(self, new, x)`)."""
+        return False
+
     # --- computation --------------------------------------------------------------------------------
     def forward(self, x, training=False):
         raise NotImplementedError

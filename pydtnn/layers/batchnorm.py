@@ -7,6 +7,10 @@ Keras do). Inference uses the running statistics.
 With `sync` set (a `pydtnn.parallel.sync_batchnorm.BatchNormSync`, what the trainer does under
 --sync_batchnorm), training uses the statistics of the global batch over all replicas, counts included,
 and every replica updates the same running statistics from them.
+
+What the execution passes wire when the model is packed (pydtnn/execution/) only adds options to the same
+kernels: relu= where the Relu after this layer runs in its passes, known= where a dense chain hands on the
+batch moments of the input's last channels.
 """
 from pydtnn.layers.base import Layer, ParamAttr
 
@@ -17,11 +21,6 @@ class BatchNormalization(Layer):
     dgamma, dbeta = ParamAttr("gamma", grad=True), ParamAttr("beta", grad=True)
 
     sync = None                 # a BatchNormSync: global-batch statistics in training (data parallelism)
-    fused_relu = None           # the Relu after this layer, run in the same pass (pydtnn/execution/relu_fusion.py)
-    _relu_y = None              # that Relu's output, from the last forward
-    # the batch moments of the next training forward's last channels, handed on by a dense chain
-    # (pydtnn/execution/concat_chain.py) and used once
-    known_moments = None
 
     def __init__(self, momentum=0.9, epsilon=1e-5, gamma_initializer="ones", beta_initializer="zeros", name=None):
         super().__init__(name=name)
@@ -45,31 +44,48 @@ class BatchNormalization(Layer):
     def state_arrays(self):
         return {"mean": self.mean, "var": self.var}
 
+    # --- declarations for the execution passes (pydtnn/execution/) ---------------------------------------
+    def fuses_next_relu(self):
+        """A Relu right after this layer runs in its passes where the backend's kernels take relu=."""
+        return bool(getattr(self.backend, "fuses_relu", False))
+
+    def takes_known_moments(self):
+        """In a dense chain, a training forward sums only the channels in front of the moments handed on."""
+        return True
+
     def forward(self, x, training=False):
-        relu = self.fused_relu
-        fused = {"relu": True} if relu is not None else {}
-        if not training:
+        options = self._kernel_options(training)
+        if training:
+            y, mean, var, self.ctx = self.backend.batchnorm_forward_train(x, self.gamma, self.beta, self.epsilon,
+                                                                          **options)
+            rows = x.size // x.shape[self.backend.channel_axis if x.ndim == 4 else 1]
+            self._update_running_statistics(mean, var, rows if self.sync is None else self.sync.count)
+        else:
             self.ctx, self.x = None, x      # kept so that a frozen (inference-mode) BN can back-propagate
             y = self.backend.batchnorm_forward_infer(x, self.gamma, self.beta, self.mean, self.var, self.epsilon,
-                                                     **fused)
-            return self._hand_to_relu(y)
-        sync, known, self.known_moments = self.sync, self.known_moments, None
-        if sync is None:
-            if known is not None:
-                fused["known"] = known
-            y, mean, var, self.ctx = self.backend.batchnorm_forward_train(x, self.gamma, self.beta, self.epsilon,
-                                                                          **fused)
-            n = x.size // x.shape[self.backend.channel_axis if x.ndim == 4 else 1]
-        else:       # centred on the running mean, which every replica holds alike
-            y, mean, var, self.ctx = self.backend.batchnorm_forward_train(
-                x, self.gamma, self.beta, self.epsilon, sync=sync, center=self.mean, **fused)
-            n = sync.count
+                                                     **options)
+        return y if self.fused_relu is None else self.fused_relu.hand_on(y)     # y is relu(bn(x)) there
+
+    def _kernel_options(self, training):
+        """The batchnorm kernels' options from what the passes wired: relu= where the Relu after this layer runs
+        inside it; in training, sync= and center= (the running mean, which every replica holds alike) under
+        --sync_batchnorm, else known= where a dense chain handed on the moments of x's last channels."""
+        options = {} if self.fused_relu is None else {"relu": True}
+        if not training:
+            return options
+        known = None if self.moments_from is None else self.moments_from.take_moments(self)
+        if self.sync is not None:
+            options.update(sync=self.sync, center=self.mean)
+        elif known is not None:
+            options["known"] = known
+        return options
+
+    def _update_running_statistics(self, mean, var, count):
         m = self.momentum
         self.mean *= m
         self.mean += (1 - m) * mean
         self.var *= m
-        self.var += (1 - m) * var * (n / max(n - 1, 1))
-        return self._hand_to_relu(y)
+        self.var += (1 - m) * var * (count / max(count - 1, 1))
 
     def batch_moments(self):
         """(mean, biased variance), float64, of the last training forward's batch, where the backend keeps
@@ -78,26 +94,19 @@ class BatchNormalization(Layer):
             return None
         return self.backend.batchnorm_moments(self.ctx)
 
-    def _hand_to_relu(self, y):
-        """With a fused Relu, y already is relu(bn(x)): the Relu's forward will return it as it is."""
-        self._relu_y = y if self.fused_relu is not None else None
-        if self._relu_y is not None:
-            self.fused_relu.fused_input = y
-        return y
-
     backward_adds = True
 
     def backward(self, dy, addend=None):
-        """dy: the gradient after the fused Relu when the forward ran fused (that Relu passed it on).
+        """dy: the gradient after the fused Relu when one is wired (that Relu passed it on).
         Returns dx, or dx + addend (another path's gradient of the same input, in the same pass)."""
-        relu_y = self._relu_y
+        relu_y = None if self.fused_relu is None else self.fused_relu.y
         if self.ctx is None:
             dx = self._backward_frozen(dy if relu_y is None else self.backend.relu_backward(dy, relu_y))
             return dx if addend is None else dx + addend
-        fused = {} if relu_y is None else {"relu_y": relu_y}
+        options = {} if relu_y is None else {"relu_y": relu_y}
         if addend is not None:
-            fused["addend"] = addend
-        dx, dgamma, dbeta = self.backend.batchnorm_backward(dy, self.ctx, sync=self.sync, **fused)
+            options["addend"] = addend
+        dx, dgamma, dbeta = self.backend.batchnorm_backward(dy, self.ctx, sync=self.sync, **options)
         self.dgamma[...] = dgamma
         self.dbeta[...] = dbeta
         return dx

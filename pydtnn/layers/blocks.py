@@ -3,12 +3,14 @@
 Each path is a list of layers; [] is the identity path. Paths' parameters are laid out in the model's flat
 buffer in forward order (path 0 first), and backward visits the paths in reverse so that gradients become
 final from the end of the buffer towards its start (what the bucketed reducer relies on).
+
+Both declare what the execution passes may wire (pydtnn/execution/): an AdditionBlock applies a Relu right
+after it in its merge; consecutive (path, []) ConcatenationBlocks share one array, a DenseChain.
 """
 import functools
 import inspect
 
 from pydtnn.layers.base import Layer
-from pydtnn.execution.concat_chain import chained, hand_on_moments
 
 
 def _adds(layer) -> bool:
@@ -84,12 +86,13 @@ class _Block(Layer):
 
 
 class AdditionBlock(_Block):
-    fused_relu = None           # the Relu after this block, applied in the merge (pydtnn/execution/relu_fusion.py)
-    _relu_y = None
+    def fuses_next_relu(self):
+        """A Relu right after this block runs in its merge where the backend's add takes relu= (`fuses_relu`)."""
+        return bool(getattr(self.backend, "fuses_relu", False))
 
     def backward(self, dy):
-        if self._relu_y is not None:        # the fused Relu passed dy on: its mask comes first
-            dy = self.backend.relu_backward(dy, self._relu_y)
+        if self.fused_relu is not None:         # the fused Relu passed dy on: its mask comes first
+            dy = self.backend.relu_backward(dy, self.fused_relu.y)
         return super().backward(dy)
 
     def merge_shape(self, shapes):
@@ -99,7 +102,6 @@ class AdditionBlock(_Block):
 
     def merge(self, outs):
         relu = self.fused_relu is not None
-        self._relu_y = None
         if len(outs) == 1 and not relu:
             return outs[0]
         if len(outs) == 1:
@@ -108,25 +110,21 @@ class AdditionBlock(_Block):
             y = self.backend.add(outs[0], outs[1], relu=relu and len(outs) == 2)
             for i, o in enumerate(outs[2:]):
                 y = self.backend.add(y, o, relu=relu and i == len(outs) - 3)
-        if relu:
-            self._relu_y = self.fused_relu.fused_input = y
-        return y
+        return self.fused_relu.hand_on(y) if relu else y
 
     def split(self, dy):
         return [dy] * len(self.paths)
 
 
 class ConcatenationBlock(_Block):
-    # A chain of dense layers shares one array (pydtnn/execution/concat_chain.py): `room` channels are left
-    # free in front of this block's output, where the next block's new maps go; `chain_prev` is the block
-    # whose output's room this one writes into. Its output is then a channel slice of that array.
-    room = 0
-    chain_prev = None
-    _out = None                 # the last output, while the next block has not claimed its room (its base: the array)
+    def shares_chain_array(self):
+        """A chain of (path, []) blocks on a channels-last 4-D layout shares one array (DenseNet's dense layers)."""
+        return (len(self.paths) == 2 and not self.paths[1] and bool(self.paths[0])
+                and len(self.shape) == 3 and getattr(self.backend, "channel_axis", 1) == 3)
 
     def forward(self, x, training=False):
-        if training:
-            hand_on_moments(self, x)
+        if training and self.chain is not None:
+            self.chain.hand_on_moments(self, x)
         return super().forward(x, training)
 
     def merge_shape(self, shapes):
@@ -139,20 +137,9 @@ class ConcatenationBlock(_Block):
         return self.backend.channel_axis if ndim == 4 else 1
 
     def merge(self, outs):
-        if not chained(self):
-            return self.xp.concatenate(outs, axis=self._axis(outs[0].ndim))
-        new, x = outs
-        k, prev, buf = new.shape[-1], self.chain_prev, None
-        if prev is not None and prev._out is x:         # x already sits in prev's array: claim its room
-            buf, prev._out = x.base, None
-        if buf is None:
-            buf = self.xp.empty(x.shape[:-1] + (self.room + k + x.shape[-1],), self.backend.dtype)
-            buf[..., self.room + k:] = x
-        buf[..., self.room:self.room + k] = new
-        y = buf[..., self.room:]
-        if self.room:
-            self._out = y
-        return y
+        if self.chain is not None:
+            return self.chain.merge(self, *outs)
+        return self.xp.concatenate(outs, axis=self._axis(outs[0].ndim))
 
     def split(self, dy):
         axis, pieces, start = self._axis(dy.ndim), [], 0

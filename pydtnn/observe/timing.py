@@ -1,4 +1,5 @@
-"""Per-replica timing: compute / wait statistics per step and per epoch.
+"""Per-replica timing: each step's compute and wait seconds (`StepTimer`), their totals over an epoch
+(`ReplicaStats`) and every replica's totals side by side (`epoch_summary`, the table the training loop prints).
 
     stats = ReplicaStats()
     timer = StepTimer(stats, timeline=Timeline(comm.rank) if tracing else None)
@@ -18,11 +19,10 @@
 
 Waits are waits: time blocked in a collective is wait wherever it happens, also inside ``compute()``
 (synchronized BatchNorm's reductions in the forward and backward passes), whose compute then excludes it.
-So a replica's compute seconds measure its own speed, which the per-replica table, the history and the
-dynamic balancer read.
-
-``stats.last_compute_per_sample`` (compute seconds / b_i of the last step) is what each rank contributes
-to ``comm.allgather`` for `pydtnn.parallel.balance.DynamicBalancer.observe`.
+So a replica's compute seconds measure its own speed, which the per-replica table, the training history's
+per-replica columns and the balancing policies read: after each step, every replica's
+``timer.step_compute_s / b_i`` (``stats.last_compute_per_sample`` once the step has ended) is its compute
+seconds per sample, what `pydtnn.parallel.balance.BalancePolicy.after_step` is given for every replica.
 
 The timeline and its Chrome trace live in `pydtnn.observe.timeline` (re-exported here).
 """
@@ -50,7 +50,6 @@ class ReplicaStats:
     wait_s: float = 0.0
     last_batch: int = 0
     last_compute_s: float = 0.0
-    last_wait_s: float = 0.0
     history: list = field(default_factory=list, repr=False)   # (b_i, compute_s, wait_s) per step
     keep_history: bool = False
 
@@ -61,7 +60,6 @@ class ReplicaStats:
         self.wait_s += float(wait_s)
         self.last_batch = int(samples)
         self.last_compute_s = float(compute_s)
-        self.last_wait_s = float(wait_s)
         if self.keep_history:
             self.history.append((int(samples), float(compute_s), float(wait_s)))
 
@@ -69,14 +67,9 @@ class ReplicaStats:
     def last_compute_per_sample(self) -> float:
         return self.last_compute_s / self.last_batch if self.last_batch else float("nan")
 
-    @property
-    def samples_per_s(self) -> float:
-        """Compute speed: samples / compute seconds (what the load balancer calls v_i)."""
-        return self.samples / self.compute_s if self.compute_s > 0 else float("nan")
-
     def reset(self) -> None:
         self.steps = self.samples = self.last_batch = 0
-        self.compute_s = self.wait_s = self.last_compute_s = self.last_wait_s = 0.0
+        self.compute_s = self.wait_s = self.last_compute_s = 0.0
         self.history = []
 
     def totals(self) -> np.ndarray:
@@ -149,10 +142,6 @@ class EpochSummary:
     """Every replica's totals, identical on every rank (rows in rank order)."""
 
     rows: list
-
-    @property
-    def total_samples(self) -> int:
-        return sum(r["samples"] for r in self.rows)
 
     def format(self) -> str:
         head = f"{'rank':>4} {'b_i':>6} {'samples':>9} {'compute s':>10} {'wait s':>9} {'wait %':>7} {'samples/s':>10}"

@@ -1,5 +1,5 @@
 """Gradient weighting as a plug-in: `weights(sizes) -> list[float]`, replica i's factor w_i on its mean
-gradient g_i in the reduced gradient sum_i w_i g_i (DESIGN.md, "Data-parallel step").
+gradient g_i in the reduced gradient sum_i w_i g_i.
 
     --gradient_weighting proportional     w_i = b_i / B: the exact gradient of the global batch's mean loss
     --gradient_weighting uniform          w_i = 1 / P: the naive average (the baseline)

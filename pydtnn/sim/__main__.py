@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from pydtnn.cli import OneLineParser, boolean, float_list, nonneg_float, positive_int, positive_int_list
+from pydtnn.launch.flags import OneLineParser, boolean, float_list, nonneg_float, positive_int, positive_int_list
 from pydtnn.errors import ConfigError, PyDTNNError
 
 SAMPLES = {"mnist": 60000, "cifar10": 50000, "imagenet": 1281167}

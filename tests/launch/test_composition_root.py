@@ -6,6 +6,8 @@ import pytest
 
 from pydtnn import cli
 from pydtnn.launch.config import RunConfig, configure
+from pydtnn.launch.data_and_model import rank_data_and_model
+from pydtnn.launch.split import initial_split
 from pydtnn.errors import ConfigError
 from pydtnn.parallel.comm import SerialComm
 from pydtnn.parallel.policies import DynamicPolicy, ProbePolicy, StaticPolicy
@@ -67,17 +69,17 @@ def test_run_is_the_steps_in_order():
     import inspect
     body = inspect.getsource(cli.run)
     order = ["communicator(", "configuration(", "set_up_devices(", "build_data_and_model(", "policy_and_split(",
-             "make_trainer(", "_print_banner(", "train("]
+             "make_trainer(", "print_banner(", "train("]
     where = [body.index(step) for step in order]
     assert where == sorted(where) and len(body.splitlines()) <= 25
 
 
 def test_synthetic_data_take_the_models_shape():
-    local = cli.rank_data_and_model(cli.parse_args(FAST + ["--model", "simplecnn"]), "cpu", 0)
+    local = rank_data_and_model(cli.parse_args(FAST + ["--model", "simplecnn"]), "cpu", 0)
     assert local.dataset.input_shape == tuple(local.model.input_shape) == (1, 28, 28)   # simplecnn's default
     assert local.dataset.nclasses == local.model.output_shape[0] and len(local.dataset.train) == 64
-    imitated = cli.rank_data_and_model(cli.parse_args(FAST + ["--model", "simplecnn", "--dataset", "cifar10",
-                                                              "--use_synthetic_data", "true"]), "cpu", 0)
+    imitated = rank_data_and_model(cli.parse_args(FAST + ["--model", "simplecnn", "--dataset", "cifar10",
+                                                          "--use_synthetic_data", "true"]), "cpu", 0)
     assert imitated.dataset.input_shape == tuple(imitated.model.input_shape) == (3, 32, 32)
 
 
@@ -93,7 +95,7 @@ def test_a_real_dataset_gives_the_model_its_shape_and_classes(tmp_path):
             rng = np.random.default_rng(seed)
             return rng.standard_normal((30, 7)), rng.integers(0, 4, 30)
     """)
-    local = cli.rank_data_and_model(cli.parse_args(FAST + ["--dataset", data]), "cpu", 0)
+    local = rank_data_and_model(cli.parse_args(FAST + ["--dataset", data]), "cpu", 0)
     assert tuple(local.model.input_shape) == (7,) and tuple(local.model.output_shape) == (4,)
     assert len(local.dataset.train) == 30
 
@@ -117,22 +119,22 @@ def test_a_model_that_does_not_fit_the_data_is_one_line(tmp_path):
              (["--dataset", "bytes", "--use_synthetic_data", "true"], "the bytes dataset is text")]
     for args, needle in cases:
         with pytest.raises(ConfigError) as e:
-            cli.rank_data_and_model(cli.parse_args(FAST + args), "cpu", 0)
+            rank_data_and_model(cli.parse_args(FAST + args), "cpu", 0)
         assert needle in str(e.value) and "\n" not in str(e.value), args
 
 
 def test_the_initial_split_is_the_policys_checked_split():
     p = cli.parse_args(FAST + ["--parallel", "data", "--global_batch_size", "60", "--balance", "static",
                                "--replica_speeds", "1,2,3", "--max_local_batch", "25"])
-    local = cli.rank_data_and_model(p, "cpu", 0)
+    local = rank_data_and_model(p, "cpu", 0)
     policy = StaticPolicy([1, 2, 3])
-    split = cli.initial_split(p, policy, local.model, local.dataset, 3)
+    split = initial_split(p, policy, local.model, local.dataset, 3)
     assert (split.global_batch, split.caps) == (60, [25, 25, 25])
     # [10, 20, 30] capped at 25: the 5 over the cap go 1:2 to the others (11.7, 23.3, rounded to sum 60)
     assert split.sizes == policy.sizes == [12, 23, 25]
     with pytest.raises(ConfigError, match="a global batch of 65 samples is larger than the 64 training"):
-        cli.initial_split(cli.parse_args(FAST + ["--global_batch_size", "65"]), policy, local.model,
-                          local.dataset, 1)
+        initial_split(cli.parse_args(FAST + ["--global_batch_size", "65"]), policy, local.model,
+                      local.dataset, 1)
 
     class Short(StaticPolicy):
         name = "short"
@@ -140,7 +142,7 @@ def test_the_initial_split_is_the_policys_checked_split():
         def initial_sizes(self, global_batch, nreplicas, caps):
             return [1] * nreplicas
     with pytest.raises(ConfigError, match=r"balance policy short returned the split \[1, 1, 1\]: it sums to 3") as e:
-        cli.initial_split(p, Short([1, 1, 1]), local.model, local.dataset, 3)
+        initial_split(p, Short([1, 1, 1]), local.model, local.dataset, 3)
     assert "\n" not in str(e.value)
 
 

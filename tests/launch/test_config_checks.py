@@ -1,12 +1,15 @@
 """The launcher's checks across flags (pydtnn.launch.config), without MPI: given flags, the learning rate in
-force, scheduler values, flags against the data, the resume rule, and the ranks' agreement on flags."""
+force, scheduler values, flags against the data, the resume rule; and the ranks' agreement on flags
+(pydtnn.launch.agreement)."""
 import types
 
 import numpy as np
 import pytest
 
+from pydtnn.launch import agreement
 from pydtnn.launch import config as cc
 from pydtnn.cli import build_parser, parse_args
+from pydtnn.launch.flags import flag_dests
 from pydtnn.errors import CheckpointError, ConfigError
 
 
@@ -145,13 +148,13 @@ def test_flags_newer_than_the_checkpoint_keep_this_runs_value():
 # --- the ranks agree on their flags ---------------------------------------------------------------------
 
 def _digests(args):
-    return cc.flag_digests(build_parser(), parse_args(args))
+    return agreement.flag_digests(build_parser(), parse_args(args))
 
 
 def _first_differing(*argvs):
     table = np.stack([_digests(a) for a in argvs])
-    index = cc.first_difference(table.max(axis=0), table.min(axis=0))
-    return None if index is None else cc.flag_dests(build_parser())[index]
+    index = agreement.first_difference(table.max(axis=0), table.min(axis=0))
+    return None if index is None else flag_dests(build_parser())[index]
 
 
 def test_flag_digests_find_the_first_differing_flag():
@@ -175,12 +178,12 @@ def test_flags_that_may_differ_between_ranks():
 
 def test_digests_fit_the_max_min_reduction():
     d = _digests(["--num_epochs", "7"])
-    assert d.dtype == np.int64 and (d >= 0).all() and (d < 2 ** cc.DIGEST_BITS).all()
+    assert d.dtype == np.int64 and (d >= 0).all() and (d < 2 ** agreement.DIGEST_BITS).all()
     assert (-d >= -(2 ** 62)).all()                          # negatives never overflow
 
 
 def test_the_line_for_a_difference_names_the_flag_and_each_ranks_value():
-    line = cc.describe_difference("--num_epochs", ["2", "2", "3"])
+    line = agreement.describe_difference("--num_epochs", ["2", "2", "3"])
     assert line.startswith("the ranks were started with different flags: --num_epochs is 2 on ranks 0-1 and 3 on "
                            "rank 2")
-    assert "3 on ranks 1,3" in cc.describe_difference("--seed", ["0", "3", "0", "3"])
+    assert "3 on ranks 1,3" in agreement.describe_difference("--seed", ["0", "3", "0", "3"])

@@ -1,34 +1,47 @@
-"""README.md stays true: every flag, model and layer is in it, and its commands are the ones CI runs."""
+"""The README and the docs/ pages it links stay true: every flag (with its default), model and layer is on its
+page, the README's commands are the ones CI runs, its links resolve, and the Python API example runs."""
 import os
+import re
+import subprocess
+import sys
 
 from pydtnn.cli import build_parser
 from pydtnn.models import list_models
 
 from paths import REPO_DIR as REPO  # noqa: E402
-README = open(os.path.join(REPO, "README.md")).read()
+
+
+def _read(*parts):
+    return open(os.path.join(REPO, *parts)).read()
+
+
+README = _read("README.md")
+FLAGS = _read("docs", "flags.md")                        # the flag tables
+LAYERS_AND_MODELS = _read("docs", "layers_and_models.md")
+PYTHON_API = _read("docs", "python_api.md")
 
 
 def test_every_flag_documented():
     parser = build_parser()
     flags = [a.option_strings[0] for a in parser._actions if a.option_strings and a.option_strings[0] != "-h"]
-    missing = [f for f in flags if f"`{f}`" not in README]
+    missing = [f for f in flags if f"`{f}`" not in FLAGS]
     assert len(flags) > 60 and not missing, missing
 
 
 def test_every_model_documented():
-    missing = [m for m in list_models() if f"`{m}`" not in README]
+    missing = [m for m in list_models() if f"`{m}`" not in LAYERS_AND_MODELS]
     assert len(list_models()) >= 40 and not missing, missing
 
 
 def test_every_layer_documented():
     import pydtnn.layers as layers
     names = [n for n in layers.__all__ if n != "Layer"]
-    missing = [n for n in names if f"`{n}" not in README]
+    missing = [n for n in names if f"`{n}" not in LAYERS_AND_MODELS]
     assert len(names) == 26 and not missing, missing
 
 
 def test_ci_runs_the_readme_commands():
-    ci = open(os.path.join(REPO, ".ci", "run")).read()
+    ci = _read(".ci", "run")
     commands = [l for l in README.split("```bash\n")[1:4]]
     setup, tests, openmpi = (c.split("\n```")[0].strip() for c in commands)
     assert 'pip install -e ".[mpich,test]"' in setup and setup.endswith("python scripts/pydtnn_benchmark.py")
@@ -39,7 +52,6 @@ def test_ci_runs_the_readme_commands():
 
 def test_no_file_reads_outside_the_repository():
     """A user's clone has no ../shared and none of our machines' paths: nothing tracked may name them."""
-    import subprocess
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split()
     if not files:                                   # not a git checkout (an sdist): walk the tree instead
         files = [os.path.relpath(os.path.join(d, f), REPO) for d, _, fs in os.walk(REPO) for f in fs
@@ -57,8 +69,42 @@ def test_no_file_reads_outside_the_repository():
 
 
 def test_the_flag_tables_defaults_are_the_parsers():
-    import re
-    rows = dict(re.findall(r"^\| `(--[a-z_0-9]+)` \| `([^`]*)` \|", README, re.M))
+    rows = dict(re.findall(r"^\| `(--[a-z_0-9]+)` \| `([^`]*)` \|", FLAGS, re.M))
     wrong = [(a.option_strings[0], rows.get(a.option_strings[0]), a.default) for a in build_parser()._actions
              if a.option_strings and a.dest != "help" and rows.get(a.option_strings[0]) != str(a.default)]
     assert not wrong, wrong
+
+
+def test_every_link_of_the_readme_and_docs_resolves_and_every_page_is_linked():
+    """Relative links (and their #anchors) of README.md and docs/*.md name files and headings that exist, and
+    the README links every page of docs/, so nothing moved out of it is lost."""
+    pages = {"README.md": README}
+    pages.update({f"docs/{n}": _read("docs", n) for n in sorted(os.listdir(os.path.join(REPO, "docs")))
+                  if n.endswith(".md")})
+
+    def anchors(text):                              # GitHub's heading ids
+        text = re.sub(r"```.*?```", "", text, flags=re.S)
+        return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                for h in re.findall(r"^#+ (.+)$", text, re.M)}
+    broken = []
+    for name, text in pages.items():
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue                            # https: and the like
+            path, _, anchor = target.partition("#")
+            where = os.path.normpath(os.path.join(os.path.dirname(name), path)) if path else name
+            if where not in pages and not os.path.exists(os.path.join(REPO, where)):
+                broken.append(f"{name}: {target}")
+            elif anchor and where in pages and anchor not in anchors(pages[where]):
+                broken.append(f"{name}: {target} (no such heading)")
+    unlinked = [n for n in pages if n.startswith("docs/") and f"]({n}" not in README]
+    assert not broken and not unlinked, (broken, unlinked)
+
+
+def test_the_python_api_example_runs(tmp_path):
+    """docs/python_api.md's first example, as a user pastes it: builds, summarizes, trains, predicts."""
+    code = re.search(r"```python\n(.*?)```", PYTHON_API, re.S).group(1)
+    assert "model.fit(" in code and "model.forward(" in code
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Total parameters" in r.stdout, r.stdout

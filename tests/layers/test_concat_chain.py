@@ -38,16 +38,50 @@ def blocks(model):
 
 
 def unchain(model):
-    for block in blocks(model):
-        block.room, block.chain_prev = 0, None
+    for chain in model.execution.chains:
+        chain.unwire()
 
 
 def test_the_chains_and_their_room():
     model = small_densenet()
     chain = blocks(model)
-    assert link_concat_chains(model.layers) == 3            # 2 links in the first chain, 1 in the second
-    assert [b.room for b in chain] == [5, 2, 0, 2, 0]      # the new channels of the blocks after each one
-    assert [b.chain_prev for b in chain] == [None, chain[0], chain[1], None, chain[3]]
+    chains = link_concat_chains(model.layers)
+    assert sum(len(c.blocks) - 1 for c in chains) == 3      # 2 links in the first chain, 1 in the second
+    assert [r for c in chains for r in c.rooms] == [5, 2, 0, 2, 0]     # the new channels of the blocks after each one
+    assert [c.blocks for c in chains] == [chain[:3], chain[3:]]
+
+
+def test_the_model_lists_its_chains_and_what_they_hand_on():
+    model = small_densenet()
+    model.params  # noqa: B018      (packing plans the execution)
+    chains, chain = model.execution.chains, blocks(model)
+    assert [c.blocks for c in chains] == [chain[:3], chain[3:]] and [c.rooms for c in chains] == [[5, 2, 0], [2, 0]]
+    assert all(block.chain is c for c in chains for block in c.blocks)
+    first_bn = [block.paths[0][0] for block in chain]
+    assert chains[0].hand_offs == [(first_bn[0], first_bn[1]), (first_bn[1], first_bn[2])]
+    assert chains[1].hand_offs == [(first_bn[3], first_bn[4])]
+    assert [bn.moments_from for bn in first_bn] == [None, chains[0], chains[0], None, chains[1]]
+    assert "DenseChain(concatenation_block_3 -> concatenation_block_4; rooms [2, 0])" in repr(model.execution)
+
+
+def test_only_the_declaring_classes_chain():
+    """A ConcatenationBlock subclass, or a block whose first layer is a BatchNormalization subclass, inherits
+    the computation but not the declaration: it copies, or sums every channel."""
+    class Concatenation(ConcatenationBlock):
+        pass
+
+    class Normalization(BatchNormalization):
+        pass
+
+    model = Model("cpu", "float64", seed=0)
+    for layer in (Input(shape=(3, 4, 4)), Concatenation([Conv2D(nfilters=2, filter_shape=(1, 1))], []),
+                  ConcatenationBlock([Normalization(), Conv2D(nfilters=2, filter_shape=(1, 1))], []),
+                  ConcatenationBlock([BatchNormalization(), Conv2D(nfilters=2, filter_shape=(1, 1))], []),
+                  Flatten(), FC(shape=(2,))):
+        model.add(layer)
+    model.params  # noqa: B018
+    [chain] = model.execution.chains
+    assert chain.blocks == model.layers[2:4] and model.layers[1].chain is None and chain.hand_offs == []
 
 
 def test_gradients_vs_finite_differences():

@@ -9,7 +9,7 @@ import pytest
 from pydtnn import Model
 from pydtnn.activations import Relu
 from pydtnn.backends import get_backend
-from pydtnn.layers import FC, AdditionBlock, BatchNormalization, Conv2D, Flatten, Input
+from pydtnn.layers import FC, AdditionBlock, BatchNormalization, Conv2D, Flatten, Input, Layer
 from pydtnn.models import build_model
 from paths import sibling
 _reduced = sibling("parallel", "test_sync_batchnorm")._reduced
@@ -35,15 +35,90 @@ def test_pairs_are_found_and_the_model_keeps_both_layers():
     fused, plain = _model(True), _model(False)
     fused.params, plain.params  # noqa: B018  (packing links the pairs)
     bns = [l for l in fused.all_layers() if isinstance(l, BatchNormalization)]
-    assert [type(b.fused_relu).__name__ if b.fused_relu else None for b in bns] == ["Relu", "Relu", None]
+    assert [type(b.fused_relu.relu).__name__ if b.fused_relu else None for b in bns] == ["Relu", "Relu", None]
     assert all(l.fused_relu is None for l in plain.all_layers() if isinstance(l, (BatchNormalization, AdditionBlock)))
-    assert isinstance(fused.layers[4], AdditionBlock) and fused.layers[4].fused_relu is fused.layers[5]
+    assert isinstance(fused.layers[4], AdditionBlock) and fused.layers[4].fused_relu.relu is fused.layers[5]
     assert fused.summary() == plain.summary() and "relu" in fused.summary()
     resnet = Model(backend="cpu", seed=0)
     build_model("resnet20_cifar10", resnet)
     resnet.params  # noqa: B018
     assert sum(l.fused_relu is not None for l in resnet.all_layers() if isinstance(l, BatchNormalization)) == 10
     assert sum(l.fused_relu is not None for l in resnet.all_layers() if isinstance(l, AdditionBlock)) == 9
+
+
+def test_the_model_lists_its_fused_pairs_and_a_repack_wires_anew():
+    model = _model(True)
+    model.params  # noqa: B018
+    pairs = model.execution.fused_relus
+    assert [(p.producer.name, p.relu.name) for p in pairs] == [
+        ("batch_normalization", "relu"), ("batch_normalization_1", "relu_1"), ("addition_block", "relu_2")]
+    assert all(p.producer.fused_relu is p and p.relu.fused_relu is p for p in pairs)
+    assert model.execution.chains == [] and "FusedRelu(addition_block + relu_2)" in repr(model.execution)
+    model.forward(np.zeros((2, 3, 7, 6)), training=True)
+    alone = pairs[0].relu.forward(-np.ones((2, 7, 6, 4)))      # a Relu run on its own after its pair ran computes
+    assert not pairs[0].passed_on and (alone == 0).all()
+
+    model = Model(backend=get_backend("cpu", "float64", 0), seed=0)
+    for layer in (Input(shape=(3, 4, 4)), BatchNormalization()):
+        model.add(layer)
+    model.params  # noqa: B018
+    assert model.execution.fused_relus == []
+    relu = model.add(Relu())
+    model.params  # noqa: B018      (an add repacks: the model is planned anew)
+    bn = model.layers[1]
+    assert [(p.producer, p.relu) for p in model.execution.fused_relus] == [(bn, relu)]
+    model.backend.fuses_relu = False
+    model.add(Flatten())
+    model.params  # noqa: B018      (the old plan's wiring is gone)
+    assert model.execution.fused_relus == [] and bn.fused_relu is None and relu.fused_relu is None
+
+
+class _Shift(Layer):
+    """y = x + 1, which declares that a Relu after it may run inside it (what docs/custom_layers.md shows)."""
+    internal_layout = True
+
+    def fuses_next_relu(self):
+        return True
+
+    def forward(self, x, training=False):
+        y = x + 1
+        if self.fused_relu is None:
+            return y
+        return self.fused_relu.hand_on(self.backend.relu_forward(y))
+
+    def backward(self, dy):
+        if self.fused_relu is not None:         # the Relu passed dy on: its mask first
+            dy = self.backend.relu_backward(dy, self.fused_relu.y)
+        return dy
+
+
+class _ShiftSubclass(_Shift):
+    """Inherits the computation, not the declaration: runs unfused."""
+
+
+def test_declarations_are_opt_in_and_not_inherited():
+    def model(shift, bn_class):
+        m = Model(backend="cpu", dtype="float64", seed=0)
+        for layer in (Input(shape=(2, 3, 3)), shift, Relu(), bn_class(), Relu(), Flatten(), FC(shape=(2,))):
+            m.add(layer)
+        return m
+
+    class PlainBN(BatchNormalization):
+        pass
+
+    class FusingBN(BatchNormalization):
+        fuses_next_relu = BatchNormalization.fuses_next_relu
+
+    x = np.random.default_rng(2).standard_normal((3, 2, 3, 3))
+    runs = []
+    for shift, bn_class, fused in ((_Shift(), FusingBN, True), (_ShiftSubclass(), PlainBN, False)):
+        m = model(shift, bn_class)
+        y = m.forward(x, training=True)
+        runs.append((y, m.backward(np.ones_like(y)), m.grads.copy()))
+        assert [p.producer for p in m.execution.fused_relus] == ([m.layers[1], m.layers[3]] if fused else [])
+        assert all(p.relu.fused_relu.passed_on for p in m.execution.fused_relus)
+    for got, want in zip(*runs):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
 
 
 def test_fused_equals_unfused_in_training_inference_and_backward():
@@ -61,7 +136,7 @@ def test_fused_equals_unfused_in_training_inference_and_backward():
         m.compute_gradients(x, y, "categorical_cross_entropy")
     np.testing.assert_allclose(fused.grads, plain.grads, rtol=1e-11, atol=1e-12)
     relus = [l for l in fused.all_layers() if isinstance(l, Relu)]
-    assert relus[0]._passthrough and relus[1]._passthrough and relus[2]._passthrough   # the fused paths ran
+    assert all(relu.fused_relu.passed_on for relu in relus[:3])     # the fused paths ran
 
 
 def test_fused_gradients_vs_finite_differences():
@@ -76,7 +151,7 @@ def test_fused_gradients_vs_finite_differences():
     model.add(FC(shape=(3,)))
     x = np.random.default_rng(1).standard_normal((4, 3, 5, 4))
     assert_gradients(model, x, tol=1e-5)
-    assert model.layers[2].fused_relu is model.layers[3] and model.layers[3]._passthrough
+    assert model.layers[2].fused_relu.relu is model.layers[3] and model.layers[3].fused_relu.passed_on
 
 
 def test_fused_relu_keeps_nan():

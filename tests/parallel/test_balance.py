@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 
 from pydtnn.errors import ConfigError
 from pydtnn.parallel import balance
-from pydtnn.parallel.balance import (DynamicBalancer, gradient_weights, partition, probe_speeds, shard,
-                                     step_sizes, steps_in_epoch)
+from pydtnn.parallel.balance import DynamicBalancer, partition, probe_speeds, shard, step_sizes, steps_in_epoch
 from pydtnn.parallel.comm import SerialComm
+from pydtnn.parallel.partition import checked_sizes
+from pydtnn.parallel.weighting import make_weighting, proportional, uniform
 
 speeds_st = st.lists(st.floats(min_value=1e-3, max_value=1e4, allow_nan=False, allow_infinity=False),
                      min_size=1, max_size=12)
@@ -157,14 +158,14 @@ def test_partition_errors(batch, speeds, match):
 # -------------------------------------------------------------------------------------------- weights
 
 def test_gradient_weights():
-    w = gradient_weights([16, 48], "proportional")
+    w = np.asarray(make_weighting("proportional")([16, 48]))
     assert w.dtype == np.float64 and np.allclose(w, [0.25, 0.75]) and w.sum() == 1.0
-    assert np.allclose(gradient_weights([16, 48], "uniform"), [0.5, 0.5])
-    assert np.allclose(gradient_weights([1, 2, 7]), [0.1, 0.2, 0.7])
+    assert np.allclose(make_weighting("uniform")([16, 48]), [0.5, 0.5])
+    assert np.allclose(make_weighting()([1, 2, 7]), [0.1, 0.2, 0.7])
     with pytest.raises(ConfigError, match="proportional, uniform"):
-        gradient_weights([1, 2], "median")
+        make_weighting("median")
     with pytest.raises(ConfigError):
-        gradient_weights([0, 2], "uniform")
+        checked_sizes([0, 2])          # a replica without samples: its split never reaches the weights
 
 
 def test_proportional_weights_give_the_global_mean_gradient():
@@ -173,9 +174,9 @@ def test_proportional_weights_give_the_global_mean_gradient():
     sizes = partition(37, [1.0, 2.5, 7.0])
     offs = np.cumsum([0] + sizes)
     local_means = [per_sample[offs[i]:offs[i + 1]].mean(axis=0) for i in range(3)]
-    w = gradient_weights(sizes, "proportional")
+    w = proportional(sizes)
     assert np.allclose(sum(wi * g for wi, g in zip(w, local_means)), per_sample.mean(axis=0), rtol=1e-12)
-    u = gradient_weights(sizes, "uniform")
+    u = uniform(sizes)
     assert not np.allclose(sum(wi * g for wi, g in zip(u, local_means)), per_sample.mean(axis=0))
 
 
@@ -246,7 +247,7 @@ def test_short_last_step_is_repartitioned_proportionally():
     assert step_sizes(0, 64, sizes, 100) == [16, 48]
     assert step_sizes(1, 64, sizes, 100) == partition(36, sizes) == [9, 27]
     assert step_sizes(1, 64, sizes, 65) == [1, 1]          # one sample left, two replicas: padded
-    assert np.allclose(gradient_weights(step_sizes(1, 64, sizes, 100)), [0.25, 0.75])
+    assert np.allclose(proportional(step_sizes(1, 64, sizes, 100)), [0.25, 0.75])
     with pytest.raises(IndexError):
         step_sizes(2, 64, sizes, 100)
 

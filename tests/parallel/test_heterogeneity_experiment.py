@@ -1,7 +1,6 @@
-"""scripts/heterogeneity_experiment.py: its run plan, and a --quick smoke run of every part whose results.md
-must hold each section's table with numbers, and whose plots must be written. No timing thresholds: the
-numbers only have to be there and be finite."""
-import importlib.util
+"""scripts/heterogeneity_experiment.py (pydtnn.experiments.heterogeneity): its run plan, and a --quick smoke run
+of every part whose results.md must hold each section's table with numbers, and whose plots must be written.
+No timing thresholds: the numbers only have to be there and be finite."""
 import math
 import re
 import subprocess
@@ -10,27 +9,20 @@ import sys
 import pytest
 
 from paths import REPO  # noqa: E402
+from pydtnn.experiments.heterogeneity.cli import parse_parts
+from pydtnn.experiments.heterogeneity.runs import as_typed, plan_runs
 SCRIPT = REPO / "scripts" / "heterogeneity_experiment.py"
 NUMBER = r"-?\d+(?:\.\d+)?(?:e[-+]\d+)?"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("heterogeneity_experiment", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module          # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_plan_runs_only_the_chosen_parts():
-    he = load_script()
-    assert he.parse_parts("c,a") == ["a", "c"]
+    assert parse_parts("c,a") == ["a", "c"]
     with pytest.raises(Exception):
-        he.parse_parts("a,d")
-    assert list(he.plan_runs(["b"], 3)) == ["static", "uniform"]
-    assert sorted(he.plan_runs(["c"], 3)) == sorted(f"bn_{bn}_{w}" for bn in ("local", "sync")
-                                                    for w in ("uniform", "proportional"))
-    a = he.plan_runs(["a"], 3)
+        parse_parts("a,d")
+    assert list(plan_runs(["b"], 3)) == ["static", "uniform"]
+    assert sorted(plan_runs(["c"], 3)) == sorted(f"bn_{bn}_{w}" for bn in ("local", "sync")
+                                                 for w in ("uniform", "proportional"))
+    a = plan_runs(["a"], 3)
     assert list(a)[:3] == ["equal", "static", "dynamic"] and len(a) == 9
     assert sorted(a.values()) == sorted(["equal", "static", "dynamic"] * 3)
 
@@ -53,9 +45,9 @@ def is_number(cell):
 
 @pytest.mark.mpi
 def test_quick_run_of_every_part_writes_tables_and_plots(tmp_path):
-    out = tmp_path / "out"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--parts", "a,b,c", "--out", str(out)],
-                       capture_output=True, text=True, timeout=300, cwd=str(REPO))
+    out = tmp_path / "out"          # a relative --out is a folder of the current one, not of the repository
+    r = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--parts", "a,b,c", "--out", "out"],
+                       capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     text = (out / "results.md").read_text()
     for title in ("## (a)", "## (b)", "## (c)"):
@@ -95,8 +87,7 @@ def test_quick_run_of_every_part_writes_tables_and_plots(tmp_path):
 
 
 def test_commands_are_written_as_typed():
-    he = load_script()
     cmd = [str(REPO / ".venv" / "bin" / ".." / "bin" / "mpiexec"), "-n", "2", "/usr/bin/../bin/python", "-m",
            "mpi4py", str(REPO / "scripts" / "pydtnn_benchmark.py"), "--lr_schedulers", "", "--model", "a b"]
-    assert he.as_typed(cmd) == (".venv/bin/mpiexec -n 2 /usr/bin/python -m mpi4py scripts/pydtnn_benchmark.py "
-                                "--lr_schedulers '' --model 'a b'")
+    assert as_typed(cmd) == (".venv/bin/mpiexec -n 2 /usr/bin/python -m mpi4py scripts/pydtnn_benchmark.py "
+                             "--lr_schedulers '' --model 'a b'")

@@ -11,12 +11,12 @@
   any_true, barrier, gather_object) go through an inner `MPIComm`.
 - Set-up, so that every rank ends with the same one-line ConfigError when it cannot start, instead of some
   ranks waiting for the others in a collective: each rank chooses its device (the local rank's, made
-  current FIRST: `_gpu_device.use_device`) and checks CuPy's NCCL; then, through the MPI communicator, the
-  ranks agree on the outcome (an allgather of error messages); then they compare their devices (host name
-  + PCI bus id) and refuse to start when two share one; then rank 0 creates the NCCL unique id (`bytes` in
-  CuPy >= 14, a tuple of ints before) and broadcasts it with its outcome, and every rank joins. A failure
-  inside NCCL's own initialization is raised by the rank that saw it (the others are inside NCCL then,
-  where no agreement can reach them: the job's error handling ends them).
+  current FIRST: `pydtnn.backends.gpu.device.use_device`) and checks CuPy's NCCL; then, through the MPI
+  communicator, the ranks agree on the outcome (an allgather of error messages); then they compare their
+  devices (host name + PCI bus id) and refuse to start when two share one; then rank 0 creates the NCCL
+  unique id (`bytes` in CuPy >= 14, a tuple of ints before) and broadcasts it with its outcome, and every
+  rank joins. A failure inside NCCL's own initialization is raised by the rank that saw it (the others are
+  inside NCCL then, where no agreement can reach them: the job's error handling ends them).
 - CuPy 14 imports `cupy.cuda.nccl` even without libnccl and sets `nccl.available = False`: that is a
   one-line ConfigError here, not an AttributeError later.
 
@@ -32,7 +32,8 @@ from typing import Sequence
 import numpy as np
 
 from pydtnn.errors import ConfigError
-from pydtnn.parallel.comm import Communicator, MPIComm
+from pydtnn.parallel.comm.base import Communicator
+from pydtnn.parallel.comm.mpi import MPIComm
 
 NCCL_HINT = ("the NCCL communicator needs the GPU backend (CuPy with cupy.cuda.nccl, and an NVIDIA GPU): "
              "pip install '.[gpu]'")

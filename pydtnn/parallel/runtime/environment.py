@@ -1,10 +1,11 @@
-"""What the MPI launcher's environment says about this process, read before (or without) MPI.
+"""What this process's environment says about the MPI job it belongs to, read before (or without) MPI.
 
-Launchers export the rank and the job size to every process they start: Hydra (MPICH, Intel MPI) sets
-PMI_RANK / PMI_SIZE, Open MPI sets OMPI_COMM_WORLD_RANK / _SIZE, PMIx launchers PMIX_RANK, MVAPICH
-MV2_COMM_WORLD_*, and srun SLURM_PROCID / SLURM_STEP_NUM_TASKS. Reading them lets a mistake found before
-MPI starts be printed by rank 0 alone, and lets us notice an mpi4py bound to a different MPI than the
-launcher (it would see a world of 1 in every process: N silent sequential runs).
+The programs that start MPI jobs (mpiexec, srun) export the rank and the job size to every process they
+start: Hydra (MPICH, Intel MPI) sets PMI_RANK / PMI_SIZE, Open MPI sets OMPI_COMM_WORLD_RANK / _SIZE, PMIx
+process managers PMIX_RANK, MVAPICH MV2_COMM_WORLD_*, and srun SLURM_PROCID / SLURM_STEP_NUM_TASKS. Reading
+them lets a mistake found before MPI starts be printed by rank 0 alone, and lets us notice an mpi4py bound
+to a different MPI than the mpiexec that started the job (it would see a world of 1 in every process: N
+silent sequential runs). In `launcher_rank` and `launcher_size`, "launcher" means that mpiexec or srun.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def _in_slurm_step() -> bool:
 
 
 def launcher_rank() -> int | None:
-    """This process's rank as the launcher numbered it, or None outside a launcher."""
+    """This process's rank as mpiexec (or srun) numbered it, or None when it was not started by one."""
     rank = _int_var(RANK_VARS)
     if rank is None and _in_slurm_step():
         rank = _int_var(("SLURM_PROCID",))
@@ -39,7 +40,7 @@ def launcher_rank() -> int | None:
 
 
 def launcher_size() -> int | None:
-    """How many processes the launcher started, or None when it does not say."""
+    """How many processes mpiexec (or srun) started, or None when the environment does not say."""
     size = _int_var(SIZE_VARS)
     if size is None and _in_slurm_step():
         size = _int_var(("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"))
@@ -47,7 +48,7 @@ def launcher_size() -> int | None:
 
 
 def launched_by_mpi() -> bool:
-    """Started by an MPI launcher (even one of a single process)."""
+    """Started by mpiexec or srun (even as a job of a single process)."""
     return (launcher_rank() is not None or launcher_size() is not None
             or any(k in os.environ for k in OTHER_MARKERS))
 

@@ -37,7 +37,7 @@ def is_open_mpi(mpiexec: str) -> bool:
     return "Open MPI" in text or "OpenRTE" in text or "open-mpi" in text.lower()
 
 
-def _launcher_options(mpiexec: str) -> list[str]:
+def _mpiexec_options(mpiexec: str) -> list[str]:
     if not is_open_mpi(mpiexec):
         return []
     options = ["--oversubscribe", "--bind-to", "none"]
@@ -57,7 +57,7 @@ def mpmd_command(programs) -> list[str]:
     """One job of several programs (MPMD): ``[(nprocs, script_path, args), ...]`` become
     ``mpiexec -n K1 python -m mpi4py s1 args1 : -n K2 ...``; the ranks are numbered in that order."""
     mpiexec = find_mpiexec()
-    cmd = [mpiexec, *_launcher_options(mpiexec)]
+    cmd = [mpiexec, *_mpiexec_options(mpiexec)]
     for i, (nprocs, script_path, args) in enumerate(programs):
         if i:
             cmd.append(":")

@@ -4,24 +4,25 @@ checkpoint, one line and status 3); a bug ends the job.
 A mistake is usually seen by every rank at once (a flag, a shared file, a NaN in the reduced loss). Then
 all ranks meet at a non-blocking barrier, rank 0 prints the line, and every rank ends with status 2. If a
 rank does not arrive within a few seconds the error was its own: it prints, naming itself, and aborts
-the job (a launcher banner may follow; that is the price of not hanging).
+the job (a banner of mpiexec's may follow; that is the price of not hanging).
 
 How the agreed end is made quiet depends on the MPI:
 - MPICH (Hydra): rank 0 alone calls MPI_Abort, with its stderr closed, while the others wait to be
   ended. Separate exits race with Hydra's clean-up (a rank still finalizing is SIGKILLed and Hydra prints
   a banner); an abort ends the job at once with the status, and only the rank itself would have printed
-  anything. MPI_Abort may return before the launcher ends the process (seen under load): the process
+  anything. MPI_Abort may return before mpiexec ends the process (seen under load): the process
   then exits with the status itself, never runs on (it did, into code that failed and aborted with 1).
-  Before it, every rank waits (up to a few seconds) until the launcher has read what it printed: the
+  Before it, every rank waits (up to a few seconds) until mpiexec has read what it printed: the
   teardown does not wait for a pipe to drain, and under load rank 0's line was sometimes lost.
 - Open MPI: stdout and stderr to /dev/null (the line has been read), MPI_Finalize, then exit with the
   status. prterun prints a 13-line MPI_ABORT banner for an abort; for a non-zero exit it still adds its
   own fixed notice ("prterun detected that one or more processes exited with non-zero status"). No
-  process can turn it off: only a launcher setting does (state_base_error_non_zero_exit=0), and that
+  process can turn it off: only an mpiexec setting does (state_base_error_non_zero_exit=0), and that
   also makes the job's status 0.
 
-Before MPI starts (a bad flag), a process under a launcher of several processes initializes MPI to
-agree the same way; if that fails, the launcher's environment says which process is rank 0.
+Before MPI starts (a bad flag), a process of a job of several processes initializes MPI to agree the same
+way; if that fails, the job's environment (`pydtnn.parallel.runtime.environment`) says which process is
+rank 0.
 """
 from __future__ import annotations
 
@@ -30,13 +31,14 @@ import sys
 import time
 import traceback
 
-from pydtnn.parallel.runtime import environment as launcher
+from pydtnn.parallel.runtime import environment
 
 USER_ERROR_STATUS = 2
 SYNC_SECONDS_VAR = "PYDTNN_ERROR_SYNC_S"      # how long ranks wait for each other to agree on an error
 
 
-def _flush():
+def flush_output():
+    """Flush stdout and stderr: an abort or an exit would lose what they still buffer."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -46,12 +48,12 @@ def _flush():
 
 def _mpi_world(start: bool):
     """COMM_WORLD of an initialized MPI with more than one process, else None. With ``start``, a
-    process under a launcher of several processes initializes MPI first (a mistake found before it)."""
+    process of a job of several processes initializes MPI first (a mistake found before it)."""
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None and start and launcher.launched_with_many_processes():
+    if mpi is None and start and environment.launched_with_many_processes():
         try:
             from mpi4py import MPI as mpi
-        except Exception:  # noqa: BLE001 - no usable MPI: fall back to the launcher's environment
+        except Exception:  # noqa: BLE001 - no usable MPI: fall back to the job's environment
             return None
     if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
         return None
@@ -72,7 +74,7 @@ def exit_on_user_error(message) -> None:
         while not request.Test():
             if time.monotonic() > deadline:
                 print(f"pydtnn: error (rank {world.Get_rank()}): {message}", file=sys.stderr)
-                _flush()
+                flush_output()
                 abort(world, USER_ERROR_STATUS)
             time.sleep(0.005)
     _end_together(mpi, USER_ERROR_STATUS, f"pydtnn: error: {message}")
@@ -99,7 +101,7 @@ def _unread_bytes(fd: int) -> int:
 
 
 def _wait_until_read(fds=(1, 2), limit_s: float = 3.0) -> None:
-    """Wait until the launcher has read our stdout and stderr pipes (what we printed reaches the user)."""
+    """Wait until mpiexec has read our stdout and stderr pipes (what we printed reaches the user)."""
     deadline = time.monotonic() + limit_s
     while any(_unread_bytes(fd) for fd in fds) and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -107,20 +109,20 @@ def _wait_until_read(fds=(1, 2), limit_s: float = 3.0) -> None:
 
 def _end_together(mpi, status, line):
     if mpi is None:
-        if not launcher.launched_by_mpi():
+        if not environment.launched_by_mpi():
             print(line, file=sys.stderr)
-            _flush()
+            flush_output()
             sys.exit(status)
-        if (launcher.launcher_rank() or 0) == 0:
+        if (environment.launcher_rank() or 0) == 0:
             print(line, file=sys.stderr)
         else:
-            time.sleep(0.5)          # let rank 0 print before a launcher that kills on first exit does
-        _flush()
+            time.sleep(0.5)          # let rank 0 print before an mpiexec that kills on first exit does
+        flush_output()
         os._exit(status)             # not sys.exit: `python -m mpi4py` would turn it into an MPI_Abort
     world = mpi.COMM_WORLD
     if world.Get_rank() == 0:
         print(line, file=sys.stderr)
-    _flush()
+    flush_output()
     _wait_until_read()
     world.Barrier()                  # rank 0's line is out before any rank ends
     if _is_open_mpi(mpi):
@@ -143,7 +145,7 @@ def _end_together(mpi, status, line):
 
 
 def abort(world, status: int) -> None:
-    """MPI_Abort, and never return: MPICH's may return before the launcher ends this process."""
+    """MPI_Abort, and never return: MPICH's may return before mpiexec ends this process."""
     try:
         world.Abort(status)
     finally:
@@ -157,5 +159,5 @@ def abort_on_bug() -> None:
     if mpi is None:
         return
     traceback.print_exc()
-    _flush()
+    flush_output()
     abort(mpi.COMM_WORLD, 1)

@@ -14,7 +14,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def usable_cores() -> set[int]:
-    """The cores this process may run on (its affinity mask: a launcher's binding or a cgroup shows here)."""
+    """The cores this process may run on (its affinity mask: mpiexec's binding or a cgroup shows here)."""
     if hasattr(os, "sched_getaffinity"):
         return set(os.sched_getaffinity(0))
     return set(range(os.cpu_count() or 1))

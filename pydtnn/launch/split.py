@@ -1,0 +1,40 @@
+"""The global batch and the balance policy's checked initial split of it, refused before any work when it
+does not suit the training samples or a local batch cannot fit in memory."""
+from __future__ import annotations
+
+import types
+
+from pydtnn.launch.config import check_against_data
+
+
+def policy_and_split(config, local, comm):
+    """The global batch and the policy's initial split of it (`initial_split`), in a block that ends in a
+    collective. It follows data and model: B must suit the training samples, and each local batch's
+    activations must fit this rank's memory."""
+    from pydtnn.parallel.comm import raise_together
+    return raise_together(comm, lambda: initial_split(config.p, config.policy, local.model, local.dataset,
+                                                      comm.size),
+                          "another rank could not split the global batch")
+
+
+def initial_split(p, policy, model, dataset, nprocs):
+    """The global batch B, the memory caps and the policy's checked initial sizes (pydtnn.parallel.policies),
+    which the policy keeps; refused when B does not suit the data or a local batch does not fit memory."""
+    from pydtnn.parallel import balance
+    n = nprocs if p.parallel == "data" else 1
+    B = p.global_batch_size or p.batch_size * n
+    caps = balance.caps_for(p.max_local_batch, n)
+    check_against_data(p, dataset, B)
+    sizes = balance.check_split(policy.initial_sizes(B, n, caps), B, n, caps, f"balance policy {policy.name}")
+    policy.sizes = list(sizes)
+    _check_batch_fits(model, sizes, len(dataset.train), p)
+    return types.SimpleNamespace(global_batch=B, sizes=sizes, caps=caps)
+
+
+def _check_batch_fits(model, sizes, ntrain, p):
+    """A local batch whose activations cannot fit in this machine's memory is refused before allocating."""
+    from pydtnn.launch.limits import activation_bytes, check_fits
+    local = max(sizes) if p.steps_per_epoch > 0 else min(max(sizes), ntrain)   # a full pass never exceeds N
+    flag = "--global_batch_size" if p.global_batch_size else "--batch_size"
+    check_fits(activation_bytes(model, local), f"a local batch of {local} samples of {p.model_name}",
+               f"lower {flag}")
