@@ -129,7 +129,7 @@ do_versions() {
     shopt -s nullglob
     local wheels=(.gpu_data/wheels/*.whl)
     if ! "$PY" -c "import cudnn" 2>/dev/null; then
-        if (( ${#wheels[@]} )); then        # offline, without dependencies (gpu-notes.md: works so)
+        if (( ${#wheels[@]} )); then        # offline, without dependencies (docs/gpu.md: the carried wheel)
             "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/pydtnn-gpu-site "${wheels[@]}" \
                 || echo "installing the carried wheels failed"
         else
