@@ -1,4 +1,4 @@
-"""The float32 GELU kernels' error over EVERY float32 input (the bound quoted in `_cpu_special`).
+"""The float32 GELU kernels' error over EVERY float32 input (the bound quoted in `pydtnn.backends.cpu.special`).
 
     python scripts/gelu_error_bound.py            # about a minute a core; --stride 97 for a quick sample
 

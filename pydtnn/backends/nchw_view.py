@@ -13,7 +13,7 @@ the same element by element in both.
 """
 from __future__ import annotations
 
-from pydtnn.backends import Backend
+from pydtnn.backends.contract import Backend
 
 # kernel -> (positions of its image arguments, keyword arguments that are images, what of its result is an
 # image: "all" for one array, a tuple of positions in a tuple result). Weights, statistics and the opaque
@@ -88,9 +88,18 @@ class NCHWView(Backend):
     def __getattr__(self, name):            # what the base class does not define: the wrapped backend's
         return getattr(self.inner, name)
 
+    # the capabilities and kernels the base class declares are the wrapped backend's (the base's defaults
+    # would hide them from __getattr__); batchnorm_moments reads the opaque ctx, no image
     @property
     def fuses_relu(self):
         return getattr(self.inner, "fuses_relu", False)
+
+    @property
+    def reuses_bn_moments(self):
+        return getattr(self.inner, "reuses_bn_moments", False)
+
+    def batchnorm_moments(self, ctx):
+        return self.inner.batchnorm_moments(ctx)
 
     def erfc(self, x):
         return self.inner.erfc(x)

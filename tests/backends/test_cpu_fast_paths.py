@@ -125,7 +125,7 @@ def test_matmul_float32_float64_and_odd_cases_fall_back():
     assert be.matmul(empty, b.astype(np.float32)).shape == (0, 3)
 
 
-# --- fused attention (`_cpu_attention`): a (sample, head) pair's products and softmax in one part ---------
+# --- fused attention (`cpu.attention`): a (sample, head) pair's products and softmax in one part ---------
 
 def _attention_reference(qkv, n, t, heads, causal, mask):
     """context and attention weights in float64 by einsum (no BLAS), and dL/dqkv of sum(context * g)."""
@@ -263,7 +263,7 @@ def test_softmax_backward_float32_against_float64():
         assert np.all(np.abs(got - want) <= 16 * 2.0 ** -24 * scale + 1e-30)
 
 
-# --- GELU and last-axis LayerNorm kernels (`_cpu_rows`), every size split over 3 parts ------------------
+# --- GELU and last-axis LayerNorm kernels (`cpu.rows`), every size split over 3 parts ------------------
 
 def test_gelu_kernels_match_the_formula_and_finite_differences():
     import math
@@ -345,7 +345,7 @@ def test_pointwise_convolution_on_small_images(hw):
     assert errors and max(errors.values()) <= 1e-6
 
 
-# --- float32 GELU without libm (`_cpu_special.ndtr32`): vectorizable, error bound from its fit ------
+# --- float32 GELU without libm (`cpu.special.ndtr32`): vectorizable, error bound from its fit ------
 
 def _float32_sample():
     """Every 4099th float32 bit pattern of the finite range up to |x| = 16 (both signs: tails, the

@@ -171,7 +171,7 @@ CONV_CASES = [
     (2, 8, 7, 7, 8, (3, 3), (1, 1), (1, 1), (1, 1), 8, True),        # depthwise
     (2, 8, 9, 8, 8, (3, 3), (2, 2), (1, 1), (1, 1), 8, False),       # depthwise stride 2
     (1, 5, 9, 10, 5, (3, 3), (1, 1), (2, 2), (2, 2), 5, True),       # depthwise dilation 2
-    # at most 4 output pixels: one GEMM per (pixel, tap inside the image), `_cpu_pixels` (9 filters: not
+    # at most 4 output pixels: one GEMM per (pixel, tap inside the image), `cpu.pixels` (9 filters: not
     # the planes kernels)
     (3, 6, 2, 2, 20, (3, 3), (1, 1), (1, 1), (1, 1), 1, True),       # VGG's 2x2 images
     (2, 5, 3, 3, 4, (3, 3), (2, 2), (1, 1), (1, 1), 1, False),       # stride 2 -> 2x2
@@ -506,7 +506,7 @@ def test_batchnorm_float32_matches_float64(be32, be64):
 def test_maxpool_nan_and_minus_inf_follow_the_documented_rule(pool, stride, pad):
     """Both forward loops (windows inside the image, and padded) keep the FIRST strict arg-max, never pick
     a NaN, and give tap -1 (no gradient) to a window with nothing above -inf."""
-    from pydtnn.backends.cpu import kernels as kp
+    from pydtnn.backends.cpu import pool as kp
     rng = np.random.default_rng(9)
     n, h, w, c = 2, 6, 7, 3
     x = rng.integers(0, 3, (n, h, w, c)).astype(np.float32)

@@ -9,6 +9,7 @@ import pytest
 from pydtnn.backends import ConvSpec, get_backend
 from pydtnn.backends.cpu import conv as kc
 from pydtnn.backends.cpu import winograd as wino
+from pydtnn.backends.cpu import winograd_transforms as transforms
 from pydtnn.backends.cpu.backend import CPUBackend
 from pydtnn.errors import ConfigError
 from test_cpu_kernels import fd_grad, ref_conv, rel_err, some_indices
@@ -24,7 +25,7 @@ def _backend(dtype, algorithm="winograd"):
 @pytest.mark.parametrize("m", [2, 4])
 def test_transform_matrices_compute_a_correlation(m):
     """1-D F(m, 3): A^T [(G g) * (B^T d)] == the valid correlation of d (m + 2 values) with g (3 taps)."""
-    bt, g, at = wino.MATRICES[m]
+    bt, g, at = transforms.MATRICES[m]
     rng = np.random.default_rng(m)
     for _ in range(5):
         d, w = rng.standard_normal(m + 2), rng.standard_normal(3)
@@ -137,19 +138,19 @@ def test_the_split_rule():
 def test_filter_and_gradient_transforms_match_the_matrices(m):
     """U = G g G^T (and the flipped filters' U) and dw = G^T dU G, summed over the parts' dU, against the
     matrices of MATRICES, for more filters than one block (the transforms are hand-coded per tile size)."""
-    g = wino.MATRICES[m][1]
+    g = transforms.MATRICES[m][1]
     a = m + 2
     rng = np.random.default_rng(m)
     k, c = 3, 131
     w = rng.standard_normal((k, c, 3, 3))
     want = np.einsum("ir,kcrs,js->ijck", g, w, g).reshape(a * a, c, k)
-    np.testing.assert_allclose(wino.filter_transform(w, m, np.float64, nt=2), want, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(transforms.filter_transform(w, m, np.float64, nt=2), want, rtol=1e-13, atol=1e-13)
     flipped = np.einsum("ir,kcrs,js->ijkc", g, w[:, :, ::-1, ::-1], g).reshape(a * a, k, c)
-    np.testing.assert_allclose(wino.filter_transform(w, m, np.float64, nt=3, flipped=True), flipped,
+    np.testing.assert_allclose(transforms.filter_transform(w, m, np.float64, nt=3, flipped=True), flipped,
                                rtol=1e-13, atol=1e-13)
     du = rng.standard_normal((2, a * a, c, k))
     dwant = np.einsum("ir,ijck,js->kcrs", g, du.sum(axis=0).reshape(a, a, c, k), g)
-    np.testing.assert_allclose(wino.weight_grad_transform(du, m, k, c, np.float64, nt=2), dwant,
+    np.testing.assert_allclose(transforms.weight_grad_transform(du, m, k, c, np.float64, nt=2), dwant,
                                rtol=1e-13, atol=1e-13)
 
 

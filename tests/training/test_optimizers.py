@@ -306,8 +306,8 @@ def test_fused_adaptive_updates_are_numpys_bits(name, hyper, dtype, monkeypatch)
     grads = [(rng.standard_normal(size) * 10.0 ** rng.integers(-4, 2, size) * (rng.random(size) > 0.05))
              .astype(dtype) for _ in range(5)]
 
-    from pydtnn.backends.cpu import backend as cpu
-    real_threads, parts = cpu.default_threads, []
+    from pydtnn.backends.cpu import parts as cpu_parts
+    real_threads, parts = cpu_parts.default_threads, []
 
     def threads(work, *args, **kw):             # the fused path asks for its part count: count the steps
         parts.append(work)
@@ -316,7 +316,7 @@ def test_fused_adaptive_updates_are_numpys_bits(name, hyper, dtype, monkeypatch)
     def run(fused):
         w, opt = w0.copy(), get_optimizer(name, learning_rate=0.01, **hyper)
         with monkeypatch.context() as patch:
-            patch.setattr(cpu, "default_threads", threads)
+            patch.setattr(cpu_parts, "default_threads", threads)
             if not fused:
                 patch.setattr(optimizers, "_fusable", lambda *arrays: False)
             for g in grads:

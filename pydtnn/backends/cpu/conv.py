@@ -1,4 +1,6 @@
-"""Convolution kernels of the CPU backend (NHWC), compiled with numba (private helper module).
+"""Direct convolution on the CPU backend (NHWC): the row-tap kernels, packing fused with GEMM, compiled with
+numba; then `DirectConvKernels`, their host side (the paths the backend's convolutions take where no
+special path applies, see `CPUBackend.conv2d_forward`).
 
 Algorithm ("row-tap" packing fused with GEMM, one thread pool):
 - The output rows of every image are cut into blocks; each thread takes a contiguous range of
@@ -17,34 +19,23 @@ Algorithm ("row-tap" packing fused with GEMM, one thread pool):
 - Backward data: for stride 1 it is a forward convolution of dy with the flipped, transposed kernel (so
   it reuses the fast path); otherwise dcol = dy @ W^T per row block, scattered (col2im) into dx; an
   image belongs to a single thread, so the scatter needs no atomics.
-- Depthwise (groups == C): direct per-tap multiply-accumulate, vectorized over contiguous channels.
 
-Every kernel is serial and releases the GIL; it does part `t` of `nt` (`_cpu_pool` runs the parts on
-threads). Arrays are passed flattened (1-D, C-contiguous) with their dimensions as ints, to keep one
-compiled signature per dtype. `fp` is the address of cblas_?gemm (see `_cpu_blas`).
+Kernels follow `jit`'s conventions. `fp` is the address of cblas_?gemm (see `runtime.blas`).
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, uint64
 
+from pydtnn.backends.contract import ConvSpec
+from pydtnn.backends.cpu.jit import FAST, clear
+from pydtnn.backends.cpu.parts import grid_part
+from pydtnn.backends.cpu.runtime import blas
 from pydtnn.backends.cpu.runtime.blas import NO_TRANS, TRANS, addr, gemm
-
-_NJ = {"cache": True, "fastmath": True, "boundscheck": False, "nogil": True}
-
-
-# Performance note: hot inner loops index flat arrays with UNSIGNED (uint64) offsets. With a computed
-# signed index numba emits negative-index wraparound code that blocks vectorization (measured 2-10x
-# slower). Mixing uint64 and int64 in numba arithmetic gives float64, so offsets are converted whole.
-
-@njit(**_NJ)
-def _zero(dst, d0, n):
-    du = uint64(d0)
-    for q in range(uint64(n)):
-        dst[du + q] = 0
+from pydtnn.backends.cpu.runtime.threads import POOL
 
 
-@njit(**_NJ)
+@njit(**FAST)
 def _pack_row(xf, n, h, H, W, C, Wo, kw, sw, dw, pw, dst, d0, dstride):
     """dst[d0 + wo*dstride + j*C + c] = x[n, h, wo*sw + j*dw - pw, c], zero outside the image."""
     L = kw * C
@@ -52,7 +43,7 @@ def _pack_row(xf, n, h, H, W, C, Wo, kw, sw, dw, pw, dst, d0, dstride):
     Cu = uint64(C)
     if h < 0 or h >= H:
         for wo in range(Wo):
-            _zero(dst, d0 + wo * dstride, L)
+            clear(dst, d0 + wo * dstride, L)
         return
     row = (n * H + h) * W * C
     lo = 0
@@ -83,7 +74,7 @@ def _pack_row(xf, n, h, H, W, C, Wo, kw, sw, dw, pw, dst, d0, dstride):
                     dst[du + c] = xf[su + c]
 
 
-@njit(**_NJ)
+@njit(**FAST)
 def _pack_block(xf, n, a, e, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw, fold, nph, qext, buf):
     """Pack the input rows that output rows [a, e) of image n need (layout: see module doc); with `fold`,
     [a, e) are rows of the flattened (image, output row) index and n is unused."""
@@ -105,7 +96,7 @@ def _pack_block(xf, n, a, e, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw, fo
                           buf, ((r * R) + qq) * Wo * L, L)
 
 
-@njit(**_NJ)
+@njit(**FAST)
 def conv_fwd(t, nt, fp, xf, wt, bias, yf, N, H, W, C, K, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw,
              rb, fold, direct, bufsize):
     """y (N, Ho, Wo, K) = conv(x (N, H, W, C), wt (kh, kw*C, K)) + bias; see module doc."""
@@ -167,20 +158,7 @@ def weight_kparts(rows: int, kk: int, k: int, nt: int) -> int:
     return nt if nt > 1 and 2 * k >= rows else 1
 
 
-@njit(**_NJ)
-def grid_part(t, nt, kparts, items, K):
-    """Part t of nt: (first item, end item, k0, k1). The parts form a grid of nt // kparts item ranges
-    by kparts ranges of output channels (k0 and k1 multiples of 8, so each range's loops start aligned)."""
-    g = t // kparts
-    q = t - g * kparts
-    pc = nt // kparts
-    per = (items + pc - 1) // pc
-    k0 = (q * K // kparts) // 8 * 8
-    k1 = K if q == kparts - 1 else ((q + 1) * K // kparts) // 8 * 8
-    return g * per, min(items, (g + 1) * per), k0, k1
-
-
-@njit(**_NJ)
+@njit(**FAST)
 def conv_bwd_w(t, nt, fp, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw,
                rb, fold, direct, bufsize, with_bias, kparts):
     """acc[g] (kh, kw*C, K) += packed(x)^T dy over this part's rows, in its output channels, g its range of
@@ -238,7 +216,7 @@ def conv_bwd_w(t, nt, fp, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, kh, kw, sh
         dbacc[t, k0 + k] = dbt[k]
 
 
-@njit(**_NJ)
+@njit(**FAST)
 def conv_bwd_data_scatter(t, nt, fp, dyf, wt, dxf, N, H, W, C, K, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw,
                           rb):
     """dx = col2im(dy @ wt^T), wt (kh*kw*C, K); one image per thread at a time (no write races)."""
@@ -249,7 +227,7 @@ def conv_bwd_data_scatter(t, nt, fp, dyf, wt, dxf, N, H, W, C, K, Ho, Wo, kh, kw
     dcol = np.empty(rb * Wo * KK, dyf.dtype)
     for n in range(t * per, min(N, (t + 1) * per)):
         base_n = n * H * W * C
-        _zero(dxf, base_n, H * W * C)
+        clear(dxf, base_n, H * W * C)
         for a in range(0, Ho, rb):
             e = min(Ho, a + rb)
             M = (e - a) * Wo
@@ -272,107 +250,105 @@ def conv_bwd_data_scatter(t, nt, fp, dyf, wt, dxf, N, H, W, C, K, Ho, Wo, kh, kw
                                 dxf[du + c] += dcol[su + c]
 
 
-# --- depthwise --------------------------------------------------------------------------------------
+# --- host side ------------------------------------------------------------------------------------------
 
-@njit(**_NJ)
-def _wo_range(Wo, W, sw, pw, j, dw):
-    """[lo, hi) of output columns whose input column wo*sw - pw + j*dw lies inside [0, W)."""
-    off = j * dw - pw
-    lo = 0
-    if off < 0:
-        lo = (-off + sw - 1) // sw
-    # wo*sw + off <= W - 1  <=>  wo <= (W - 1 - off) // sw
-    if W - 1 - off < 0:
-        hi = 0
-    else:
-        hi = (W - 1 - off) // sw + 1
-    hi = min(hi, Wo)
-    return min(lo, hi), hi
+# Row blocks: aim for about this many output pixels per packed GEMM (the packed block stays in L2), and
+# at most this many packed elements per block.
+_TARGET_ROWS = 512
+_BUF_ELEMS = 1 << 21
+# Backward weights takes half: its GEMMs reduce over the block's rows and accumulate into the thread's
+# dW, and 16 -> 16 channels on 32x32 images ran 1.25x faster with 256 (other ResNet-20 shapes: +-5%).
+_TARGET_ROWS_BWD_W = 256
 
-
-@njit(**_NJ)
-def dw_fwd(t, nt, xf, wt, bias, yf, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw):
-    """Depthwise: y[n,ho,wo,c] = sum_ij x[n, ho*sh+i*dh-ph, wo*sw+j*dw-pw, c] * wt[i,j,c] + b[c]."""
-    has_bias = bias.size > 0
-    Cu = uint64(C)
-    rows = N * Ho
-    per = (rows + nt - 1) // nt
-    for nh in range(t * per, min(rows, (t + 1) * per)):
-        n = nh // Ho
-        ho = nh - n * Ho
-        yb = nh * Wo * C
-        for wo in range(Wo):
-            ys = uint64(yb + wo * C)
-            for c in range(Cu):
-                yf[ys + c] = bias[c] if has_bias else 0
-        for i in range(kh):
-            h = ho * sh + i * dh - ph
-            if h < 0 or h >= H:
-                continue
-            xb = (n * H + h) * W * C
-            for j in range(kw):
-                lo, hi = _wo_range(Wo, W, sw, pw, j, dw)
-                wb = uint64((i * kw + j) * C)
-                for wo in range(lo, hi):
-                    xs = uint64(xb + (wo * sw + j * dw - pw) * C)
-                    ys = uint64(yb + wo * C)
-                    for c in range(Cu):
-                        yf[ys + c] += xf[xs + c] * wt[wb + c]
+# The im2col variant ("fold": all kernel taps in one GEMM per block, blocks spanning images) packs kh times
+# more than row-tap. Row-tap won on every ResNet-20 and MNIST shape, even with 1 or 3 input channels, but
+# its per-image GEMMs get thin on small images: fold wins there once there are enough output channels
+# (K) for the packing to be cheap against the GEMM (measured: AlexNet-CIFAR 4x4 and 8x8 layers with
+# K >= 192 ran 1.2-1.7x faster folded, ResNet-20's 8x8 K=64 layers 1.3x slower).
 
 
-@njit(**_NJ)
-def dw_bwd_data(t, nt, dyf, wt, dxf, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw):
-    """Depthwise backward data, scattered per image (an image belongs to one thread)."""
-    Cu = uint64(C)
-    per = (N + nt - 1) // nt
-    for n in range(t * per, min(N, (t + 1) * per)):
-        _zero(dxf, n * H * W * C, H * W * C)
-        for ho in range(Ho):
-            yb = (n * Ho + ho) * Wo * C
-            for i in range(kh):
-                h = ho * sh + i * dh - ph
-                if h < 0 or h >= H:
-                    continue
-                xb = (n * H + h) * W * C
-                for j in range(kw):
-                    lo, hi = _wo_range(Wo, W, sw, pw, j, dw)
-                    wb = uint64((i * kw + j) * C)
-                    for wo in range(lo, hi):
-                        xs = uint64(xb + (wo * sw + j * dw - pw) * C)
-                        ys = uint64(yb + wo * C)
-                        for c in range(Cu):
-                            dxf[xs + c] += dyf[ys + c] * wt[wb + c]
+def _use_fold(ho, wo, k) -> bool:
+    return (ho * wo <= 64 and k >= 128) or (ho * wo <= 16 and k >= 32)
 
 
-@njit(**_NJ)
-def dw_bwd_w(t, nt, xf, dyf, acc, dbacc, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw, with_bias):
-    """Depthwise backward weights: acc[t] (kh, kw, C) and dbacc[t] (C,) partial sums of part t."""
-    at = np.zeros(kh * kw * C, acc.dtype)      # thread-private accumulators (no false sharing)
-    dbt = np.zeros(C, acc.dtype)
-    Cu = uint64(C)
-    rows = N * Ho
-    per = (rows + nt - 1) // nt
-    for nh in range(t * per, min(rows, (t + 1) * per)):
-        n = nh // Ho
-        ho = nh - n * Ho
-        yb = nh * Wo * C
-        if with_bias:
-            for wo in range(Wo):
-                ys = uint64(yb + wo * C)
-                for c in range(Cu):
-                    dbt[c] += dyf[ys + c]
-        for i in range(kh):
-            h = ho * sh + i * dh - ph
-            if h < 0 or h >= H:
-                continue
-            xb = (n * H + h) * W * C
-            for j in range(kw):
-                lo, hi = _wo_range(Wo, W, sw, pw, j, dw)
-                wb = uint64((i * kw + j) * C)
-                for wo in range(lo, hi):
-                    xs = uint64(xb + (wo * sw + j * dw - pw) * C)
-                    ys = uint64(yb + wo * C)
-                    for c in range(Cu):
-                        at[wb + c] += xf[xs + c] * dyf[ys + c]
-    acc[t, :] = at
-    dbacc[t, :] = dbt
+class DirectConvKernels:
+    """The host side of the direct convolution, mixed into `CPUBackend`: the kernels' plan (row blocks,
+    fold, buffer sizes, parts) and their launches. Filters go to the kernels' layout (kh, kw, C, K) and
+    back through `LayoutKernels._swap_outer`."""
+
+    def _conv_plan(self, spec: ConvSpec, n, h, w, c, k, ho, wo, target_rows=_TARGET_ROWS):
+        """(rb, fold, direct, bufsize, nt) of the fused kernel for this geometry."""
+        (kh, kw), (sh, sw), (ph, pw), (dh, _) = spec.kernel, spec.stride, spec.padding, spec.dilation
+        direct = kh == 1 and kw == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
+        fold = (bool(self._force_fold) or _use_fold(ho, wo, k)) and not direct
+        nt = self._nt(n * max(h * w * c, ho * wo * k))
+        rows = n * ho if fold else ho          # fold blocks run over (image, row); row-tap blocks within an image
+        L = kw * c
+        per_row = wo * (kh * L if fold else min(sh, (kh - 1) * dh + 1) * L)   # packed elements per output row
+        rb = max(1, min(rows, -(-target_rows // wo), _BUF_ELEMS // per_row))
+        # keep enough items to feed every thread
+        while rb > 1 and (1 if fold else n) * (-(-rows // rb)) < 2 * nt:
+            rb = -(-rb // 2)
+        if direct:
+            bufsize = 1
+        elif fold:
+            bufsize = rb * wo * kh * L
+        else:
+            nph = min(sh, (kh - 1) * dh + 1)
+            qext = ((kh - 1) * dh) // sh
+            bufsize = nph * (rb + qext) * wo * L
+        return rb, fold, direct, bufsize, nt
+
+    def _direct_forward(self, x, w, bias, y, spec: ConvSpec):
+        """y = conv(x, w) + bias (bias empty: none)."""
+        kh, kw = spec.kernel
+        self._direct_core(x, self._swap_outer(w, spec.out_channels, spec.in_channels, kh * kw), bias, y, spec)
+
+    def _direct_core(self, x, wt, bias, y, spec: ConvSpec):
+        """y = conv(x, wt) + bias with the filters already in the kernels' layout (kh, kw, C, K)."""
+        n, h, wd, c = x.shape
+        _, ho, wo, k = y.shape
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = spec.kernel, spec.stride, spec.padding, spec.dilation
+        rb, fold, direct, bufsize, nt = self._conv_plan(spec, n, h, wd, c, k, ho, wo)
+        with blas.blas_single_thread():
+            POOL.run(conv_fwd, nt, blas.gemm_ptr(self.dtype), x.reshape(-1), wt, bias, y.reshape(-1),
+                     n, h, wd, c, k, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw, rb, fold, direct, bufsize)
+
+    def _direct_backward_data(self, dy, w, dx, spec: ConvSpec):
+        """dx of conv(x, w), into dx; returns dx."""
+        n, h, wd, c = dx.shape
+        _, ho, wo, k = dy.shape
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = spec.kernel, spec.stride, spec.padding, spec.dilation
+        pth, ptw = dh * (kh - 1) - ph, dw * (kw - 1) - pw
+        if sh == 1 and sw == 1 and pth >= 0 and ptw >= 0:
+            # stride 1: dx = conv(dy, flipped kernel with in/out channels swapped), "full" padding
+            tspec = ConvSpec(k, c, (kh, kw), (1, 1), (pth, ptw), (dh, dw))
+            wt = self._c(w[:, :, ::-1, ::-1].transpose(2, 3, 0, 1)).reshape(-1)   # (kh, kw, K, C)
+            self._direct_core(dy, wt, np.empty(0, self.dtype), dx, tspec)
+            return dx
+        # else dcol = dy @ W^T per row block, scattered (col2im) into dx
+        wt = self._swap_outer(w, k, c, kh * kw)                             # (kh, kw, C, K)
+        rb = max(1, min(ho, -(-_TARGET_ROWS // wo), _BUF_ELEMS // (wo * kh * kw * c)))
+        with blas.blas_single_thread():
+            POOL.run(conv_bwd_data_scatter, self._nt(dx.size), blas.gemm_ptr(self.dtype), dy.reshape(-1), wt,
+                     dx.reshape(-1), n, h, wd, c, k, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw, rb)
+        return dx
+
+    def _direct_backward_weights(self, x, dy, spec: ConvSpec, with_bias):
+        """(dw, db) of conv(x, w) (+ b); db None without `with_bias`."""
+        n, h, wd, c = x.shape
+        _, ho, wo, k = dy.shape
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = spec.kernel, spec.stride, spec.padding, spec.dilation
+        rb, fold, direct, bufsize, nt = self._conv_plan(spec, n, h, wd, c, k, ho, wo, _TARGET_ROWS_BWD_W)
+        kp = self._kparts(weight_kparts(n * ho * wo, kh * kw * c, k, nt), nt)
+        groups = nt // kp                       # one accumulator per range of rows
+        acc = np.zeros((groups, kh * kw * c * k), self.dtype)
+        dbacc = np.zeros((nt, k), self.dtype)
+        with blas.blas_single_thread():
+            POOL.run(conv_bwd_w, nt, blas.gemm_ptr(self.dtype), x.reshape(-1), dy.reshape(-1), acc, dbacc,
+                     n, h, wd, c, k, ho, wo, kh, kw, sh, sw, ph, pw, dh, dw, rb, fold, direct, bufsize, with_bias,
+                     kp)
+        dwt, db = (acc[0], dbacc[0]) if nt == 1 else (acc.sum(axis=0), dbacc.sum(axis=0))
+        dwu = self._swap_outer(dwt, kh * kw, c, k).reshape(k, c, kh, kw)
+        return dwu, (db if with_bias else None)
+

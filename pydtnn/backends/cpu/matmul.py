@@ -1,7 +1,8 @@
-"""Matrix products on the CPU backend's one thread pool (private helper of `cpu.py`).
+"""Matrix products on the CPU backend's one thread pool (FC, attention): the numba kernels, then
+`MatmulKernels`, their host side (`matmul`, `linear`, `linear_weight_grads`).
 
 Why: a multi-threaded OpenBLAS call runs its own threads, which spin for a while after each call, next to
-the backend's pool workers, which spin too (`_cpu_pool`). On a 2-core machine at 2 threads that makes 3-4
+the backend's pool workers, which spin too (`runtime.threads`). On a 2-core machine at 2 threads that makes 3-4
 busy threads on 2 cores around every FC or attention product. Here the product is cut into parts that the
 pool runs, each part one single-threaded GEMM (OpenBLAS limited to one thread for the duration), so one
 pool of threads does all the work.
@@ -13,10 +14,15 @@ split along its longer output side.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, uint64
 
+from pydtnn.backends.cpu.parts import MACS_PER_ELEMENT
+from pydtnn.backends.cpu.runtime import blas
 from pydtnn.backends.cpu.runtime.blas import NO_TRANS, TRANS, gemm
+from pydtnn.backends.cpu.runtime.threads import POOL
 
 _NJ = {"cache": True, "nogil": True}
 
@@ -124,3 +130,86 @@ def batch_offsets(a, shape):
         idx[len(shape) - lead + ax] = -1
         off = off + (np.arange(size, dtype=np.int64) * step).reshape(idx)
     return np.ascontiguousarray(off.reshape(-1))
+
+
+class MatmulKernels:
+    """The host side of the matrix products, mixed into `CPUBackend`: each part one single-threaded GEMM.
+    Where BLAS is not callable, or the operands are not the backend's dtype, NumPy's own product (the
+    contract's reference)."""
+
+    def matmul(self, a, b, out=None):
+        """a @ b as `numpy.matmul` (leading axes broadcast), optionally into `out` (C-contiguous)."""
+        ok = (self.use_blas_kernels and a.ndim >= 2 and b.ndim >= 2 and a.dtype == self.dtype == b.dtype
+              and a.shape[-1] == b.shape[-2] and min(a.shape[-2], a.shape[-1], b.shape[-1]) > 0)
+        if not ok:
+            return np.matmul(a, b, out=out)
+        if a.ndim == 2 and b.ndim == 2 and (out is None or (out.shape == (a.shape[0], b.shape[1])
+                                                            and out.dtype == self.dtype and out.flags.c_contiguous)):
+            return self._product(a, b, self._no_bias, out)
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        nb = math.prod(batch)
+        nt = self._nt(nb * m * n * k // MACS_PER_ELEMENT)
+        if nt == 1:                                    # NumPy's own call is cheaper; BLAS on this thread only
+            with blas.blas_single_thread():
+                return np.matmul(a, b, out=out)
+        a, b, ta, tb = operands(a, b)
+        shape = batch + (m, n)
+        c = out if (out is not None and out.shape == shape and out.dtype == self.dtype
+                    and out.flags.c_contiguous) else np.empty(shape, self.dtype)
+        item = c.itemsize
+        c_off = np.arange(nb, dtype=np.int64) * (m * n * item)
+        one, zero = self.dtype.type(1), self.dtype.type(0)
+        with blas.blas_single_thread():
+            POOL.run(gemm_parts, nt, blas.gemm_ptr(self.dtype), a.ctypes.data, b.ctypes.data, c.ctypes.data,
+                     batch_offsets(a, batch), batch_offsets(b, batch), c_off, m, n, k, ta[0], tb[0],
+                     ta[1], tb[1], n, one, zero, ta[2], tb[3], item)
+        if out is not None and c is not out:
+            out[...] = c
+            return out
+        return c
+
+    def linear(self, x, w, b=None):
+        """x @ w + b on the pool, the bias written into each part's block of the output before its GEMM
+        adds on (`linear_parts`): no pass of its own over the output (the ViT's FC layers, 2 threads:
+        243 -> 165-176 us with their bias)."""
+        ok = (self.use_blas_kernels and x.ndim == 2 and w.ndim == 2 and x.dtype == self.dtype == w.dtype
+              and x.shape[1] == w.shape[0] and min(x.shape[0], x.shape[1], w.shape[1]) > 0
+              and (b is None or np.size(b) == w.shape[1]))
+        if not ok:
+            return super().linear(x, w, b)
+        return self._product(x, w, self._no_bias if b is None else self._vec(b), None)
+
+    def linear_weight_grads(self, x, dy, dw, db=None, out_in=False):
+        """dw and db in one pool run (`weight_grad_parts`): the GEMM's parts and the bias sums' columns."""
+        if x.ndim != 2 or dy.ndim != 2:
+            return super().linear_weight_grads(x, dy, dw, db, out_in)
+        rows, (fi, fo) = x.shape[0], (x.shape[1], dy.shape[1])
+        ok = (self.use_blas_kernels and dy.shape[0] == rows > 0
+              and x.dtype == dy.dtype == dw.dtype == self.dtype and dw.shape == ((fo, fi) if out_in else (fi, fo))
+              and dw.flags.c_contiguous and dy.flags.c_contiguous and x.strides[1] == x.itemsize
+              and (db is None or (db.shape == (fo,) and db.dtype == self.dtype and db.flags.c_contiguous)))
+        if not ok:
+            return super().linear_weight_grads(x, dy, dw, db, out_in)
+        a, b = (dy, x) if out_in else (x, dy)          # dw = a^T b
+        m, n = a.shape[1], b.shape[1]
+        with blas.blas_single_thread():
+            POOL.run(weight_grad_parts, self._nt(m * n * rows // MACS_PER_ELEMENT), blas.gemm_ptr(self.dtype),
+                     a.ctypes.data, a.strides[0] // a.itemsize, b.ctypes.data, b.strides[0] // b.itemsize,
+                     dw.reshape(-1), self._no_bias if db is None else db, dy.reshape(-1), m, n, rows)
+
+    def _product(self, a, b, bias, out):
+        """a @ b + bias (empty: none) for 2-D operands, into `out` (C-contiguous) or a new array: one GEMM a
+        part, without the batch machinery of `matmul` (25-37 us of Python a call, against GEMMs of
+        100-200 us in a ViT step)."""
+        m, k, n = a.shape[0], a.shape[1], b.shape[1]
+        nt = self._nt(m * n * k // MACS_PER_ELEMENT)
+        if nt == 1 and bias.size == 0:                 # NumPy's own call is cheaper; BLAS on this thread only
+            with blas.blas_single_thread():
+                return np.matmul(a, b, out=out)
+        a, b, ta, tb = operands(a, b)
+        y = np.empty((m, n), self.dtype) if out is None else out
+        with blas.blas_single_thread():
+            POOL.run(linear_parts, nt, blas.gemm_ptr(self.dtype), a.ctypes.data, b.ctypes.data, y.reshape(-1),
+                     bias, m, n, k, ta[0], tb[0], ta[1], tb[1], ta[2], tb[3])
+        return y

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, uint64
 
-from pydtnn.backends.cpu import backend as cpu
+from pydtnn.backends.cpu import parts
 from pydtnn.backends.cpu.runtime.threads import POOL
 
 # Parts start at multiples of 16 elements (a 64-byte line of float32): no line is written by two threads.
@@ -54,7 +54,7 @@ def _parts(kernel, w, *args, nt=None):
     """Run kernel(t, nt, w, *args) in `nt` parts (default: the CPU backend's thread rule for a cheap,
     memory-bound pass over w.size elements, as ReLU's; it follows threadpoolctl's limit)."""
     if nt is None:
-        nt = cpu.default_threads(w.size // cpu._CHEAP)
+        nt = parts.default_threads(w.size // parts.CHEAP)
     POOL.run(kernel, nt, w, *args)
 
 

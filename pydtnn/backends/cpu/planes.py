@@ -7,14 +7,17 @@ C*kh*kw shifted planes scaled by one weight each: one long, vectorized loop per 
 whole image, computed at Wp columns per row (the last (kw - 1)*dw of each row are not outputs) and
 copied to NHWC at the end. Backward weights is the matching dot product of shifted planes with the
 output-gradient planes. Stride 1 only (a stride would waste stride^2 of the work); any padding and
-dilation. Serial kernels over whole images, part t of nt, like the other kernel modules.
+dilation. Kernels follow `jit`'s conventions; parts are whole images. `PlanesConvKernels`, at the end, is
+their host side.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, uint64
 
-_NJ = {"cache": True, "fastmath": True, "boundscheck": False, "nogil": True}
+from pydtnn.backends.contract import ConvSpec
+from pydtnn.backends.cpu.jit import FAST
+from pydtnn.backends.cpu.runtime.threads import POOL
 
 # Measured against the BLAS path (batch 64, 3x3, 1 thread): 1 -> 4 channels 3.5x faster forward, 3.7x
 # backward data, 1.7x backward weights; 2 -> 8 and 3 -> 4 1.5-2.4x; 1 -> 16 and more filters slower
@@ -24,11 +27,19 @@ PLANES_MAX_K = 8         # and at most this many filters
 
 
 def applies(spec) -> bool:
+    """Whether the plane kernels can run this convolution (and pay)."""
     return (spec.groups == 1 and tuple(spec.stride) == (1, 1) and min(spec.padding) >= 0
             and spec.in_channels * spec.out_channels <= PLANES_MAX and spec.out_channels <= PLANES_MAX_K)
 
 
-@njit(**_NJ)
+def backward_data_applies(spec) -> bool:
+    """Backward data runs as a forward of the transposed convolution, whose "full" padding
+    dilation * (kernel - 1) - padding must not be negative."""
+    (kh, kw), (ph, pw), (dh, dw) = spec.kernel, spec.padding, spec.dilation
+    return dh * (kh - 1) >= ph and dw * (kw - 1) >= pw
+
+
+@njit(**FAST)
 def _fill_planes(src, n, H, W, C, Hp, Wp, ph, pw, planes):
     """planes (C, Hp, Wp)[c, h + ph, w + pw] = src (N, H, W, C)[n, h, w, c]; the border stays as allocated
     (zero): every image writes the same region."""
@@ -40,7 +51,7 @@ def _fill_planes(src, n, H, W, C, Hp, Wp, ph, pw, planes):
                 planes[c * Hp * Wp + d] = src[s + c]
 
 
-@njit(**_NJ)
+@njit(**FAST)
 def fwd(t, nt, xf, w, bias, yf, N, H, W, C, K, Ho, Wo, kh, kw, ph, pw, dh, dw):
     """y (N, Ho, Wo, K) = conv(x (N, H, W, C), w (K, C, kh, kw)) + bias, stride 1."""
     Wp = Wo + (kw - 1) * dw
@@ -69,7 +80,7 @@ def fwd(t, nt, xf, w, bias, yf, N, H, W, C, K, Ho, Wo, kh, kw, ph, pw, dh, dw):
                     yf[((n * Ho + ho) * Wo + wo) * K + k] = acc[ho * Wp + wo]
 
 
-@njit(**_NJ)
+@njit(**FAST)
 def bwd_w(t, nt, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, kh, kw, ph, pw, dh, dw, with_bias):
     """acc[t] (K, C, kh, kw) += sum over this part's images of shifted input planes . dy planes (float64);
     dbacc[t] (K,) += sum of dy."""
@@ -106,3 +117,39 @@ def bwd_w(t, nt, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, kh, kw, ph, pw, dh,
                         at[k, c, i, j] += s
     acc[t] = at
     dbacc[t] = dbt
+
+
+class PlanesConvKernels:
+    """The host side of the plane kernels, mixed into `CPUBackend` (which decides where they run:
+    `CPUBackend._planes`)."""
+
+    def _planes_forward(self, x, w, bias, y, spec: ConvSpec):
+        n, h, wd, c = x.shape
+        _, ho, wo, k = y.shape
+        (kh, kw), (ph, pw), (dh, dw) = spec.kernel, spec.padding, spec.dilation
+        POOL.run(fwd, self._nt(y.size), x.reshape(-1), self._c(w), bias, y.reshape(-1),
+                 n, h, wd, c, k, ho, wo, kh, kw, ph, pw, dh, dw)
+
+    def _planes_backward_data(self, dy, w, dx, spec: ConvSpec):
+        """dx = conv(dy, flipped filter with in/out channels swapped), "full" padding (not negative: see
+        `backward_data_applies`)."""
+        n, h, wd, c = dx.shape
+        _, ho, wo, k = dy.shape
+        (kh, kw), (ph, pw), (dh, dw) = spec.kernel, spec.padding, spec.dilation
+        tspec = ConvSpec(k, c, (kh, kw), (1, 1), (dh * (kh - 1) - ph, dw * (kw - 1) - pw), (dh, dw))
+        wf = self._c(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+        POOL.run(fwd, self._nt(dx.size), dy.reshape(-1), wf, np.empty(0, self.dtype), dx.reshape(-1),
+                 n, ho, wo, k, c, h, wd, kh, kw, *tspec.padding, dh, dw)
+        return dx
+
+    def _planes_backward_weights(self, x, dy, spec: ConvSpec, with_bias):
+        n, h, wd, c = x.shape
+        _, ho, wo, k = dy.shape
+        (kh, kw), (ph, pw), (dh, dw) = spec.kernel, spec.padding, spec.dilation
+        nt = self._nt(dy.size)
+        acc = np.zeros((nt, k, c, kh, kw))
+        dbacc = np.zeros((nt, k))
+        POOL.run(bwd_w, nt, x.reshape(-1), dy.reshape(-1), acc, dbacc, n, h, wd, c, k, ho, wo,
+                 kh, kw, ph, pw, dh, dw, with_bias)
+        db = dbacc.sum(axis=0).astype(self.dtype) if with_bias else None
+        return acc.sum(axis=0).astype(self.dtype), db

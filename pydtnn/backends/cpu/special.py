@@ -1,6 +1,7 @@
-"""Special functions of the CPU backend, compiled with numba (GELU's Phi).
+"""Special functions of the CPU backend, compiled with numba (GELU's Phi); `SpecialKernels`, at the end, is
+the host side of `erfc`.
 
-- `erfc`: float64 (and any dtype), one loop calling the C library's erfc, parallel over parts (`_cpu_pool`).
+- `erfc`: float64 (and any dtype), one loop calling the C library's erfc, parallel over parts (`runtime.threads`).
   libm calls do not vectorize (about 7 ns an element).
 - `ndtr32`: float32 GELU's Phi(x) from arithmetic alone (no libm call), so the loops
   that call it vectorize: float64 inside, erfc(a) = exp(-a^2) t P(t) with t = 1 / (1 + 0.47 a), P a degree-10
@@ -18,16 +19,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from pydtnn.backends.cpu.kernels import _part
+from pydtnn.backends.cpu.jit import IEEE
+from pydtnn.backends.cpu.parts import part_range
+from pydtnn.backends.cpu.runtime.threads import POOL
 
 
-@njit(cache=True, boundscheck=False, nogil=True)
+@njit(**IEEE)
 def erfc(t, nt, x, out, n):
-    i0, i1 = _part(t, nt, n)
+    i0, i1 = part_range(t, nt, n)
     for i in range(i0, i1):
         out[i] = math.erfc(x[i])
 
@@ -177,3 +181,13 @@ def ndtr32_parts(x):
 def ndtr32(x):
     """Phi(x) in float64 for a float32 x (see the module's error bound)."""
     return ndtr32_parts(x)[0]
+
+
+class SpecialKernels:
+    """The host side of `erfc`, mixed into `CPUBackend`."""
+
+    def erfc(self, x):
+        x = self._c(x)
+        out = np.empty_like(x)
+        POOL.run(erfc, self._nt(x.size), x.reshape(-1), out.reshape(-1), x.size)
+        return out

@@ -1,4 +1,4 @@
-"""GEMM callable from inside numba kernels (private helper of the CPU backend).
+"""GEMM callable from inside numba kernels (the convolutions, matrix products and attention call it).
 
 Why: the CPU kernels pack a chunk of the input (im2col-like) into a small, cache-resident buffer and
 multiply it right away, in parallel chunks driven by numba's thread pool. Calling BLAS from inside the

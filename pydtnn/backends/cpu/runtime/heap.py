@@ -1,4 +1,4 @@
-"""Keep freed memory in the C heap for the next step's arrays (glibc's malloc; private helper of `cpu.py`).
+"""Keep freed memory in the C heap for the next step's arrays (glibc's malloc; set up when a `CPUBackend` is made).
 
 A training step allocates its activations and gradients anew (`np.empty`). glibc serves blocks above its
 mmap threshold (128 KiB at first, raised as blocks are freed, up to 32 MiB) with fresh mappings, and gives

@@ -1,4 +1,4 @@
-"""Kernel calls as C function pointers, for the thread pool's GIL-free workers (private helper).
+"""Kernel calls as C function pointers, for the thread pool's GIL-free workers (`threads`).
 
 `native_job(fn, args, block)` packs fn's native entry point and args (C-contiguous arrays, ints, bools,
 floats) into the int64 array `block`, and returns the address of a `cfunc`

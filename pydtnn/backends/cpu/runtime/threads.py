@@ -1,4 +1,4 @@
-"""A tiny thread pool for the CPU backend's numba kernels (private helper).
+"""A tiny thread pool for the CPU backend's numba kernels: `POOL` runs the parts of every kernel.
 
 `run(fn, nt, *args)` calls fn(t, nt, *args) for t = 0..nt-1, part 0 on the calling thread and the others
 on persistent worker threads. (Numba's own `parallel=True` would cost several seconds of compilation per
@@ -6,7 +6,7 @@ kernel and dtype on a cold cache, and its OpenMP threads spin against BLAS's.)
 
 The workers never take the GIL on the way to a kernel. Each one runs a numba loop (`_serve`) without the
 GIL: it watches its job number, calls the kernel through a C function pointer (a `cfunc` made once per
-kernel and argument types by `_cpu_jobs`, the arguments packed in an int64 block), marks the job done and
+kernel and argument types by `jobs`, the arguments packed in an int64 block), marks the job done and
 watches again. A worker that took the GIL to start its part (the pool before this one) waited for the
 calling thread to let go of it, and paid a sleeping thread's wake-up (~200 us on a virtual machine) each
 time the two met at the GIL: on two threads a training step ran no faster than on one.
