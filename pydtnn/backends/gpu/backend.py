@@ -25,7 +25,7 @@ import warnings
 
 import numpy as np
 
-from pydtnn.backends import Backend, parse_dtype
+from pydtnn.backends.contract import Backend, parse_dtype
 from pydtnn.backends.gpu.convolution import ConvolutionOps
 from pydtnn.backends.gpu.device import use_device
 from pydtnn.backends.gpu.elementwise import ElementwiseOps

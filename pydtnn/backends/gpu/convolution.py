@@ -6,12 +6,13 @@ mask. dw (and db) go straight into arrays the caller passes (`out`: the model's 
 """
 from __future__ import annotations
 
-from pydtnn.backends import ConvSpec
+from pydtnn.backends.contract import ConvSpec
 from pydtnn.errors import ConfigError, ShapeError
 
 
 class ConvolutionOps:
     """Mixed into `GPUBackend`."""
+    fuses_conv_relu = True       # conv2d_forward(relu=True) and bias_relu_backward: a Conv2D + Relu pair in one pass
 
     def _conv_geometry(self, x, spec: ConvSpec, what):
         self._check4(x, what)

@@ -60,3 +60,10 @@ class ElementwiseOps:
             out = self.xp.empty(c, self.dtype)
         self._per_channel("chan_sum_finalize", c, (part, np.int32(c), np.int32(s), out))
         return g, out
+
+    def bias_relu_backward(self, dy, y, db_out=None):
+        """(g, db): the ReLU's backward (g = dy * (y > 0)) and, with ``db_out``, the bias's gradient (g summed
+        per channel) in one pass (`channel_sums`)."""
+        if db_out is None:
+            return self.relu_backward(dy, y), None
+        return self.channel_sums(dy, relu_y=y, out=db_out, owner=db_out)

@@ -72,15 +72,6 @@ class BatchNormOps:
         t = self.dtype.type
         return (mean, var, t(momentum), t(1 - momentum), t(n / max(n - 1, 1)), np.int32(1))
 
-    def update_running_stats(self, running, mean, var, n):
-        """running (mean, var, momentum) <- momentum * running + (1 - momentum) * batch, the variance unbiased by
-        n / (n - 1): the layer's own array operations, in place (the synchronized path)."""
-        rm, rv, m = running
-        rm *= m
-        rm += (1 - m) * mean
-        rv *= m
-        rv += (1 - m) * var * (n / max(n - 1, 1))
-
     def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None, relu=False, known=None,
                                 running=None):
         if known is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pydtnn.backends import PoolSpec
+from pydtnn.backends.contract import PoolSpec
 from pydtnn.errors import ConfigError, ShapeError
 
 
