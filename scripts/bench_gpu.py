@@ -175,7 +175,6 @@ def block_ms(step, n, synchronize):
 def kernel_profile(step, n, synchronize, top=12):
     """Per step, from PyTorch's profiler (CUDA activities: every kernel of the process, CuPy's and cuDNN's
     included): wall ms, GPU-busy ms (summed kernel, memcpy and memset durations), launches, top kernels."""
-    import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     synchronize()
@@ -197,7 +196,6 @@ def kernel_profile(step, n, synchronize, top=12):
 
 
 def bench_one(name, precision, args, use_torch):
-    import cupy
     row = {"model": name, "precision": precision, "batch": args.batch}
     t0 = time.perf_counter()
     ours, be, shape, nclasses = ours_setup(name, args.batch, precision, args)
@@ -235,12 +233,16 @@ def bench_one(name, precision, args, use_torch):
         if args.profile:
             row["profile"] = {k: kernel_profile(steps[k], args.block, sync[k]) for k in steps}
     row["conv"] = be.conv_report()
-    del ours, steps, be
+    return row
+
+
+def free_device_memory(use_torch):
+    """Between configurations: CuPy's and PyTorch's cached blocks back to the device."""
+    import cupy
     cupy.get_default_memory_pool().free_all_blocks()
     if use_torch:
         import torch
         torch.cuda.empty_cache()
-    return row
 
 
 def print_table(rows):
@@ -325,6 +327,7 @@ def main(argv=None):
             except Exception as e:  # noqa: BLE001 - one failing configuration must not lose the others
                 rows.append({"model": name, "precision": precision,
                              "skipped": "FAILED " + " ".join(f"{type(e).__name__}: {e}".split())[:400]})
+            free_device_memory(use_torch)
             r = rows[-1]
             append_jsonl(args.jsonl, r)
             if "skipped" in r:

@@ -77,7 +77,6 @@ class BatchNormOps:
         if known is not None:
             raise ValueError("batchnorm_forward_train: the GPU backend does not take known moments "
                              "(reuses_bn_moments is False)")
-        cp = self.xp
         x, c, hw, m = self._bn_geometry(x, gamma, "batchnorm_forward_train")
         if m == 0:
             raise ShapeError("batchnorm_forward_train: empty batch")
