@@ -25,6 +25,9 @@ from pydtnn.layers.base import Layer
 from pydtnn.layers.input import Input
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
+from pydtnn.targets import as_targets, one_hot  # noqa: F401  (moved to pydtnn.targets; here for one release)
+from pydtnn.targets import targets_for_outputs
+from pydtnn.weights import load_weights, save_weights
 
 
 def expand_activations(layers):
@@ -235,12 +238,10 @@ class Model:
 
     def save(self, path):
         """Write the weights and running statistics to an NPZ file (the launcher's weights file format)."""
-        from pydtnn.training.checkpointing import save_weights
         save_weights(path, self)
 
     def load(self, path):
         """Read weights written by `save` or by the launcher (`--save_weights_and_bias_filename`)."""
-        from pydtnn.training.checkpointing import load_weights
         load_weights(path, self)
 
     # --- reporting ----------------------------------------------------------------------------------
@@ -283,44 +284,11 @@ class Model:
         parallel, every rank calling fit with the same arrays; batch_size is the global batch, split equally,
         gradients weighted by each replica's share (for another split or a policy: `pydtnn.parallel.DataParallel`).
         """
-        from pydtnn.clipping import check_max_norm
-        from pydtnn.datasets import Dataset
-        from pydtnn.optimizers import SGD
-        from pydtnn.training.loop import Trainer
-        check_max_norm(clip_grad_norm)
-        if isinstance(x, Dataset):
-            if y is not None or validation_data is not None:
-                raise ConfigError("Model.fit(dataset): the Dataset holds the targets and its val split; give "
-                                  "neither y nor validation_data")
-            data = x
-            if not shuffle:
-                raise ConfigError("Model.fit(dataset): a Dataset's train split sets its own order; shuffle=False "
-                                  "applies to arrays")
-        else:
-            if y is None:
-                raise ConfigError("Model.fit(x, y): give the targets y, or a pydtnn.datasets.Dataset as x")
-            val = None
-            if validation_data is not None:
-                xv, yv = validation_data
-                val = self._array_split(xv, yv, "validation_data", shuffle=False)
-            data = Dataset(name="arrays", input_shape=tuple(self.input_shape), nclasses=self.output_shape[-1],
-                           train=self._array_split(x, y, "train", shuffle), val=val)
-        trainer = Trainer(self, data, optimizer or SGD(), loss=loss, metrics=metrics, global_batch=batch_size,
-                          seed=self.seed, progress=False, eval_batch_size=batch_size, callbacks=callbacks,
-                          log=print if verbose else (lambda msg: None), clip_grad_norm=clip_grad_norm, comm=comm)
-        rows = trainer.fit(epochs)
-        keys = ["loss", *metrics] + ([f"val_{k}" for k in ["loss", *metrics]] if data.val is not None else [])
-        return {k: [row[k] for row in rows] for k in keys}
-
-    def _array_split(self, x, y, name, shuffle):
-        from pydtnn.datasets import ArraySplit
-        x = x if hasattr(x, "shape") else np.asarray(x)      # a memory-mapped x stays mapped
-        y = self._one_hot(y)
-        if len(x) != len(y):
-            raise ShapeError(f"{name}: {len(x)} inputs but {len(y)} targets")
-        if len(x) == 0:
-            raise ShapeError(f"{name}: no samples")
-        return ArraySplit(x, y, nclasses=self.output_shape[-1], name=name, shuffle=shuffle)
+        # the model's only upward import: the loop builds on the model, so the model reaches it lazily
+        from pydtnn.training.fit import fit
+        return fit(self, x, y, epochs=epochs, batch_size=batch_size, optimizer=optimizer, loss=loss, metrics=metrics,
+                   validation_data=validation_data, shuffle=shuffle, verbose=verbose, callbacks=callbacks,
+                   clip_grad_norm=clip_grad_norm, comm=comm)
 
     def evaluate(self, x, y, *, batch_size=256, loss="categorical_cross_entropy", metrics=("categorical_accuracy",)):
         """Loss and metrics (inference mode) over host arrays, averaged over samples."""
@@ -337,27 +305,5 @@ class Model:
         return {k: v / len(x) for k, v in totals.items()}
 
     def _one_hot(self, y):
-        y = np.asarray(y)
-        if y.ndim == len(self.output_shape):        # labels: one per sample, or per position (N, T)
-            return one_hot(y, self.output_shape[-1], self.dtype)
-        return y.astype(self.dtype, copy=False)
+        return targets_for_outputs(y, self.output_shape, self.dtype)
 
-
-def one_hot(labels, nclasses, dtype):
-    """Integer labels (N,) -> one-hot host array (N, nclasses); (N, T) per-position labels -> (N, T, nclasses)."""
-    labels = np.asarray(labels)
-    if labels.size and (labels.min() < 0 or labels.max() >= nclasses):
-        raise ConfigError(f"labels must be in 0..{nclasses - 1}, got {labels.min()}..{labels.max()} "
-                          f"(does the model's output size match the dataset's classes?)")
-    out = np.zeros(labels.shape + (nclasses,), dtype=dtype)
-    np.put_along_axis(out, labels[..., None], 1, axis=-1)
-    return out
-
-
-def as_targets(y, nclasses, dtype):
-    """What a loss compares the outputs with: integer labels one-hot encoded (one_hot), float targets (an
-    autoencoder's images, regression values) as they are, in the model's dtype."""
-    y = np.asarray(y)
-    if np.issubdtype(y.dtype, np.integer):
-        return one_hot(y, nclasses, dtype)
-    return y.astype(dtype, copy=False)

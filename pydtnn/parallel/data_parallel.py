@@ -5,11 +5,19 @@
         x_local, y_local = dp.local_slice(x, y)           # rank r: rows sum(sizes[:r]) .. sum(sizes[:r+1])
         loss = dp.train_step(x_local, y_local)            # the global batch's mean loss, on every rank
 
-One step (DESIGN.md, "Data-parallel step"): forward + backward on this rank's b_i samples with the loss
-gradient scaled by w_i (`weighting`: proportional b_i/B by default), a SUM-allreduce of the flat gradient
-buffer (one call, or reverse-order buckets overlapped with backward), optional clipping of the reduced
-gradient, the optimizer's update (identical on every rank), then the policy's `after_step` with every
-replica's compute seconds per sample, which may change `sizes` (checked before it is used).
+One step (`step`, the protocol `train_step` and the launcher's Trainer share):
+1. forward + backward on this rank's b_i samples, the loss gradient scaled by w_i (`weighting`: proportional
+   b_i/B by default, uniform 1/P), so that a SUM-allreduce of the flat gradient buffer gives sum_i w_i g_i
+   (with sync_batchnorm every BatchNormalization layer sums its per-channel statistics over the replicas on
+   the way: `pydtnn.parallel.sync_batchnorm`);
+2. the reduction (one blocking Allreduce, or reverse-order buckets overlapped with backward);
+3. optional clipping of the reduced gradient, then the optimizer's update (identical on every rank);
+4. ONE SUM-allreduce of the step's record (`pydtnn.parallel.step_record`): the global batch's loss and
+   metrics (weighted by b_i), every replica's compute seconds per sample and wait seconds, and the flags the
+   ranks must agree on.
+Time blocked in any of these collectives (2., 4., and the BatchNorm syncs inside 1.) is the step's wait, never
+its compute (`pydtnn.observe.timing.StepTimer`). Then the policy's `after_step` with every replica's compute
+seconds per sample, which may change `sizes` (checked before it is used).
 """
 from __future__ import annotations
 
@@ -20,13 +28,14 @@ from pydtnn.clipping import check_max_norm, clip_by_global_norm
 from pydtnn.errors import ShapeError
 from pydtnn.layers.batchnorm import BatchNormalization
 from pydtnn.losses import get_loss
-from pydtnn.model import as_targets
+from pydtnn.observe.timing import StepTimer
 from pydtnn.parallel import balance
 from pydtnn.parallel.comm import BucketedReducer, make_comm
 from pydtnn.parallel.policies import make_policy
+from pydtnn.parallel.step_record import StepRecord
 from pydtnn.parallel.sync_batchnorm import BatchNormSync
 from pydtnn.parallel.weighting import make_weighting
-from pydtnn.observe.timing import StepTimer
+from pydtnn.targets import as_targets
 
 
 class DataParallel:
@@ -91,7 +100,7 @@ class DataParallel:
         hi = lo + self.sizes[self.rank]
         return x[lo:hi], y[lo:hi]
 
-    # --- the pieces of a step (the Trainer times each) ---------------------------------------------------
+    # --- the pieces of a step (`step` times each) ---------------------------------------------------------
     def weight(self, step_sizes):
         """This replica's factor w_i on its mean gradient for a step of `step_sizes`."""
         return self.weights(step_sizes)[self.rank]
@@ -119,6 +128,33 @@ class DataParallel:
             self.clipped_steps += clip_by_global_norm(self.model.grads, self.clip_grad_norm)[1]
         self.optimizer.step(self.model.params, self.model.grads)
 
+    # --- the step protocol -----------------------------------------------------------------------------
+    def step(self, x, y, weight, share, *, gradients=None, metric_fns=(), data_error=False, flags=None) -> StepRecord:
+        """One step on this rank's b_i samples (x, and y on the device), 1. to 4. of the module's protocol;
+        returns the record every rank agrees on. `weight`: this replica's w_i; `share`: b_i / the step's
+        samples (the loss and `metric_fns` are reported b_i-weighted whatever the gradient weighting);
+        `gradients(x, y, weight)`: forward + backward (default `local_gradients`); `data_error` and the
+        flags `flags()` returns (read after the update: a signal during the step counts in it) are agreed
+        on with the record."""
+        b_i = len(x)
+        gradients = gradients or self.local_gradients
+        self.timer.start_step(b_i)
+        with self.timer.compute(None):       # the layers' own events show it when tracing
+            value, y_pred = gradients(x, y, weight)
+        with self.timer.wait("allreduce", bytes=0 if self.nreplicas == 1 else int(self.model.grads.nbytes)):
+            self.reduce()
+        with self.timer.phase("update", category="update"):
+            self.update()
+        weighted = np.asarray([value] + [f(y_pred, y) for f in metric_fns]) * share
+        mine = StepRecord.of_replica(self.rank, self.nreplicas, weighted, self.timer.step_compute_s / b_i,
+                                     self.timer.step_wait_s,      # not the wait of this record's own reduction
+                                     data_error=data_error, **(flags() if flags is not None else {}))
+        packed = mine.pack()
+        with self.timer.wait("stats allreduce", bytes=int(packed.nbytes)):
+            self.comm.allreduce_sum_(packed)
+        self.timer.end_step()
+        return StepRecord.unpack(packed, len(metric_fns), self.nreplicas)
+
     # --- a whole step, for a researcher's loop -------------------------------------------------------------
     def train_step(self, x_local, y_local) -> float:
         """One data-parallel step on this rank's rows; returns the global batch's mean loss (every rank)."""
@@ -127,21 +163,10 @@ class DataParallel:
             raise ShapeError(f"rank {self.rank} holds {b_i} samples of the split {self.sizes}, got {len(x_local)} "
                              f"inputs and {len(y_local)} targets (use dp.local_slice)")
         y = self.model.backend.asarray(as_targets(y_local, self.model.output_shape[-1], self.model.dtype))
-        self.timer.start_step(b_i)
-        with self.timer.compute(None):               # its sync-BN reductions count as wait, not compute
-            value, _ = self.local_gradients(x_local, y, self.weight(self.sizes))
-        seconds = self.timer.step_compute_s
-        with self.timer.wait():
-            self.reduce()
-        self.update()
-        stats = np.zeros(1 + self.nreplicas)     # the b_i-weighted loss and every replica's seconds per sample
-        stats[0] = float(value) * b_i / self.global_batch
-        stats[1 + self.rank] = seconds / b_i
-        self.comm.allreduce_sum_(stats)
-        self.timer.end_step()                    # dp.timer.stats: this replica's compute and wait so far
-        self.after_step(self.steps, stats[1:])
+        record = self.step(x_local, y, self.weight(self.sizes), b_i / self.global_batch)
+        self.after_step(self.steps, record.compute_s_per_sample)
         self.steps += 1
-        return float(stats[0])
+        return record.loss
 
     # --- BatchNorm ---------------------------------------------------------------------------------------
     def running_stats(self):

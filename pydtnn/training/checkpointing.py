@@ -1,82 +1,22 @@
-"""Weights files and full training checkpoints: NPZ, written atomically, read without pickle.
+"""Full training checkpoints (`--resume`, model_checkpoint, the loop's checkpoints inside epochs).
 
-- Weights (`--weights_and_bias_filename` / `--save_weights_and_bias_filename`): one array per parameter
-  and running statistic, keyed "layer_name/param" (NCHW shapes, the same on every backend).
-- Checkpoints (`--resume`, model_checkpoint): the weights plus optimizer state under "optimizer/...",
-  and a JSON document under "__meta__" (stored as uint8 bytes) holding the epoch, the step, the
-  scheduler and balancer states, the RNG states and the flag values.
-
-Writes go to a temporary file in the same folder, are fsynced, then renamed over the target: a crash
-mid-write leaves the previous file intact.
+A checkpoint is a weights file (`pydtnn.weights`: NPZ, written atomically, read without pickle) plus the
+optimizer's state arrays under "optimizer/..." and a JSON document under "__meta__" (stored as uint8
+bytes) holding the epoch, the step, the scheduler and balancer states, the RNG states and the flag values.
+What the Trainer puts in that document and how it restores it: `pydtnn.training.trainer_state`.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
-import zipfile
 
 import numpy as np
 
 from pydtnn.errors import CheckpointError, ConfigError
-from pydtnn.outputs import atomic_write
+from pydtnn.weights import META_KEY, OPTIMIZER_PREFIX, atomic_savez, open_npz, read_npz
+from pydtnn.weights import load_weights, save_weights  # noqa: F401  (moved to pydtnn.weights; here for one release)
 
-META_KEY = "__meta__"
 FORMAT = "pydtnn-checkpoint-1"
-
-
-def atomic_savez(path: str, arrays: dict) -> None:
-    """NPZ through `outputs.atomic_write` (fsynced temporary file, renamed; umask permissions)."""
-    atomic_write(path, lambda f: np.savez(f, **arrays))
-
-
-def read_npz(path: str, what="file") -> dict:
-    """All arrays of an NPZ file, loaded with allow_pickle=False; one clear error for any problem: not an
-    NPZ archive (a .npy array, garbage), an array of Python objects, or an array that does not hold finite
-    real numbers (strings, complex numbers, NaN); the error names the file and the array."""
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{what} {path} does not exist")
-    arrays = {}
-    try:
-        data = np.load(path, allow_pickle=False)
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise CheckpointError(f"{what} {path} is a .npy file (one array), not an NPZ archive of named "
-                                  f"arrays (write one with numpy.savez)")
-        with data:
-            for key in data.files:
-                try:
-                    arrays[key] = data[key]
-                except ValueError as e:
-                    if "allow_pickle" in str(e):
-                        raise CheckpointError(f"{what} {path}: array {key!r} holds Python objects (pickled), "
-                                              f"which are never loaded") from None
-                    raise
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
-        raise CheckpointError(f"{what} {path} is corrupt or not an NPZ file ({type(e).__name__}: {e})") from None
-    for key, value in arrays.items():
-        _check_real(value, key, path, what)
-    return arrays
-
-
-def _check_real(value, key, path, what):
-    kind = value.dtype.kind
-    if kind not in "biuf":
-        held = {"U": "strings", "S": "byte strings", "c": "complex numbers", "O": "Python objects",
-                "M": "dates", "m": "time spans", "V": "records"}.get(kind, "non-numbers")
-        raise CheckpointError(f"{what} {path}: array {key!r} holds {held} ({value.dtype}), not real numbers")
-    if kind == "f" and not np.isfinite(value).all():
-        raise CheckpointError(f"{what} {path}: array {key!r} holds NaN or infinite values")
-
-
-def save_weights(path: str, model) -> None:
-    atomic_savez(path, model.state_arrays())
-
-
-def load_weights(path: str, model) -> None:
-    arrays = read_npz(path, "weights file")
-    arrays.pop(META_KEY, None)
-    arrays = {k: v for k, v in arrays.items() if not k.startswith("optimizer/")}
-    model.load_state_arrays(arrays, source=f"weights file {path}")
 
 
 def save_checkpoint(path: str, model, optimizer, meta: dict) -> None:
@@ -84,7 +24,7 @@ def save_checkpoint(path: str, model, optimizer, meta: dict) -> None:
     opt_state = optimizer.state_dict()
     for key, value in opt_state.items():
         if hasattr(value, "shape"):
-            arrays[f"optimizer/{key}"] = model.backend.to_numpy(value)
+            arrays[f"{OPTIMIZER_PREFIX}{key}"] = model.backend.to_numpy(value)
     meta = dict(meta, format=FORMAT, optimizer={k: v for k, v in opt_state.items() if not hasattr(v, "shape")},
                 optimizer_name=optimizer.name, nparams=int(model.nparams))
     arrays[META_KEY] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
@@ -105,17 +45,8 @@ def _decode_meta(raw, path) -> dict:
 
 def read_meta(path: str) -> dict:
     """A checkpoint's metadata alone (counters, flags of its run), validated; its arrays are not read."""
-    if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    try:
-        data = np.load(path, allow_pickle=False)
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise CheckpointError(f"checkpoint {path} is a .npy file (one array), not an NPZ archive of named "
-                                  f"arrays")
-        with data:
-            raw = data[META_KEY] if META_KEY in data.files else None
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
-        raise CheckpointError(f"checkpoint {path} is corrupt or not an NPZ file ({type(e).__name__}: {e})") from None
+    with open_npz(path, "checkpoint") as data:
+        raw = data[META_KEY] if META_KEY in data.files else None
     return _decode_meta(raw, path)
 
 
@@ -124,7 +55,7 @@ def load_checkpoint(path: str, model, optimizer, restore_optimizer: bool = True)
     ``restore_optimizer`` (another optimizer than the checkpoint's, chosen on purpose) only the weights."""
     arrays = read_npz(path, "checkpoint")
     meta = _decode_meta(arrays.pop(META_KEY, None), path)
-    opt_arrays = {k.split("/", 1)[1]: arrays.pop(k) for k in list(arrays) if k.startswith("optimizer/")}
+    opt_arrays = {k[len(OPTIMIZER_PREFIX):]: arrays.pop(k) for k in list(arrays) if k.startswith(OPTIMIZER_PREFIX)}
     model.load_state_arrays(arrays, source=f"checkpoint {path}")
     if not restore_optimizer:
         return meta

@@ -100,7 +100,7 @@ def test_every_kernel_of_a_training_step_runs_gil_free(monkeypatch, name, batch)
     Python way (which takes the GIL in every worker part)."""
     from pydtnn import Model
     from pydtnn.backends import get_backend
-    from pydtnn.model import one_hot
+    from pydtnn.targets import one_hot
     from pydtnn.models import build_model, default_input_shape
     model = Model(backend=get_backend("cpu", "float32", 0), seed=0)
     build_model(name, model)

@@ -285,14 +285,14 @@ def test_resume_with_adamw_cosine_clipping_and_smoothing_is_bit_exact(tmp_path):
 
 
 def test_interrupted_checkpoint_write_keeps_previous(tmp_path, monkeypatch):
-    from pydtnn.training import checkpointing as checkpoint
+    from pydtnn import weights
     path = tmp_path / "c.npz"
-    checkpoint.atomic_savez(str(path), {"a": np.arange(3)})
+    weights.atomic_savez(str(path), {"a": np.arange(3)})
 
     def boom(*a, **k):
         raise OSError("disk full")
     monkeypatch.setattr(os, "fsync", boom)
     with pytest.raises(OutputError, match="c.npz: disk full"):
-        checkpoint.atomic_savez(str(path), {"a": np.arange(5)})
+        weights.atomic_savez(str(path), {"a": np.arange(5)})
     assert np.array_equal(np.load(path)["a"], np.arange(3))
     assert [p.name for p in tmp_path.iterdir()] == ["c.npz"]

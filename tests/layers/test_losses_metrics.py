@@ -98,7 +98,7 @@ def test_cce_per_position_is_the_mean_over_tokens():
     rng = np.random.default_rng(0)
     z = rng.standard_normal((2, 3, 5))
     labels = rng.integers(0, 5, (2, 3))
-    from pydtnn.model import one_hot
+    from pydtnn.targets import one_hot
     y = one_hot(labels, 5, np.float64)
     assert y.shape == (2, 3, 5) and (y.argmax(-1) == labels).all()
     value, p, dz = CategoricalCrossEntropy().from_logits(z, y)
@@ -149,7 +149,7 @@ def test_cce_per_token_matches_torch():
     torch = pytest.importorskip("torch", reason="PyTorch oracle: pip install torch==2.13.0")
     rng = np.random.default_rng(3)
     z, labels = rng.standard_normal((2, 4, 6)), rng.integers(0, 6, (2, 4))
-    from pydtnn.model import one_hot
+    from pydtnn.targets import one_hot
     value, _, dz = CategoricalCrossEntropy().from_logits(z, one_hot(labels, 6, np.float64))
     tz = torch.tensor(z, requires_grad=True)
     tv = torch.nn.functional.cross_entropy(tz.reshape(-1, 6), torch.tensor(labels).reshape(-1))

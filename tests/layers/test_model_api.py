@@ -1,9 +1,9 @@
-"""Model.predict, Model.save / Model.load (the launcher's NPZ weights format, through pydtnn.training.checkpointing)."""
+"""Model.predict, Model.save / Model.load (the launcher's NPZ weights format, through pydtnn.weights)."""
 import numpy as np
 import pytest
 
 from pydtnn import Model
-from pydtnn.training.checkpointing import load_weights, save_weights
+from pydtnn.weights import load_weights, save_weights
 from pydtnn.errors import CheckpointError, ConfigError
 from pydtnn.layers import FC, BatchNormalization, Conv2D, Flatten, Input
 

@@ -50,12 +50,13 @@ time.perf_counter, time.sleep = clock, clock.sleep    # while pydtnn is imported
 from pydtnn import cli                               # noqa: E402
 from pydtnn.observe import timing as trace           # noqa: E402
 from pydtnn.training import loop as trainer          # noqa: E402
+from pydtnn.training import probe                    # noqa: E402
 from pydtnn.model import Model                       # noqa: E402
 from pydtnn.parallel import balance, emulation       # noqa: E402
 from pydtnn.parallel.comm import MPIComm             # noqa: E402
 from pydtnn.observe import layer_timer, timeline     # noqa: E402
 time.perf_counter, time.sleep = real
-for module in (cli, trace, trainer, balance, emulation, layer_timer, timeline):
+for module in (cli, trace, trainer, probe, balance, emulation, layer_timer, timeline):
     module.time = virtual_time
 
 compute_gradients = Model.compute_gradients

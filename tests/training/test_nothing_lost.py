@@ -175,7 +175,7 @@ def test_final_weights_that_cannot_be_written_go_to_the_checkpoint_folder(tmp_pa
         if str(path).startswith(str(out)):
             raise OutputError(f"cannot write {path}: No space left on device")
         return real(path, write, binary)
-    monkeypatch.setattr("pydtnn.training.checkpointing.atomic_write", atomic_write)
+    monkeypatch.setattr("pydtnn.weights.atomic_write", atomic_write)
     code, lines = _main([*SEQ, "--lr_schedulers", "", "--num_epochs", "1", "--save_weights_and_bias_filename",
                          out / "w.npz", "--checkpoint_dir", tmp_path / "ck"], capsys)
     fallback = tmp_path / "ck" / "final_weights.npz"
@@ -495,7 +495,7 @@ def test_model_checkpoint_saves_after_updating_best():
 def test_saved_rng_states_are_checked_by_their_own_kind():
     """A mixed gpu,cpu job saves a GPU counter state beside NumPy states: both kinds pass, garbage does not."""
     import numpy as np
-    from pydtnn.training.loop import _check_rng_state
+    from pydtnn.training.trainer_state import _check_rng_state
     _check_rng_state(np.random.default_rng(3).bit_generator.state)
     _check_rng_state({"bit_generator": "pydtnn.CounterRNG/splitmix64", "seed": 5, "offset": 12})
     for bad in [{"bit_generator": "PCG64", "state": "x"}, {"bit_generator": "nope"}, [1, 2],

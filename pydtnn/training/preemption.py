@@ -1,0 +1,105 @@
+"""Full checkpoints between epochs' steps: on a preemption signal, every N steps, every M minutes (and the
+one that saves the trained state when an output failed).
+
+SIGTERM and SIGUSR1 only set a flag; the flag rides in the step's record reduction
+(`pydtnn.parallel.step_record`), so every rank sees the same OR of it after the same step, writes one full
+checkpoint together (the step inside the epoch and the epoch's partial sums included), and the loop raises
+`Preempted`. The timed cadence follows rank 0's clock, agreed on the same way; the step cadence counts
+global steps. Only the newest cadence checkpoint is kept: long runs would otherwise fill the disk.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+
+from pydtnn.errors import ConfigError, OutputError
+
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preempted(Exception):
+    """Training stopped on a signal after a full checkpoint was written (not an error: resume from `path`)."""
+
+    def __init__(self, signum, path, epoch, step, steps_per_epoch):
+        self.signum, self.path, self.epoch, self.step, self.steps_per_epoch = signum, path, epoch, step, steps_per_epoch
+        super().__init__(f"{signal.Signals(signum).name} received: checkpoint written to {path} "
+                         f"(after epoch {epoch}, step {step} of {steps_per_epoch}); continue with --resume {path}")
+
+
+class StepCheckpoints:
+    """When the loop writes a checkpoint between steps, where, and whether it stops after it (the ranks agree)."""
+
+    def __init__(self, checkpoint_dir, save_steps, save_minutes, handle_signals, clock):
+        """`clock`: rank 0's minutes (--model_checkpoint_save_minutes) are measured on it."""
+        self.checkpoint_dir = checkpoint_dir
+        self.save_steps, self.save_minutes = int(save_steps), float(save_minutes)
+        if self.save_steps < 0 or not self.save_minutes >= 0:
+            raise ConfigError("checkpoint cadence must be >= 0 (--model_checkpoint_save_steps, "
+                              "--model_checkpoint_save_minutes)")
+        self.handle_signals = handle_signals
+        self.clock = clock
+        self._last_save_t = clock()
+        self._last_step_file = None
+        self.signum = None             # set by the handler; acted on when the ranks agree
+        self.stop_requested = self.save_requested = False     # what the ranks agreed on after the last step
+
+    @contextlib.contextmanager
+    def signal_handlers(self):
+        """SIGTERM/SIGUSR1 only set a flag (acted on after the current step); restored afterwards."""
+        self.stop_requested = self.save_requested = False
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.signal(s, self._on_signal) for s in PREEMPT_SIGNALS}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _on_signal(self, signum, frame):
+        self.signum = signum
+
+    def local_flags(self, rank):
+        """This rank's flags for the step's record: a signal arrived here; (rank 0) a timed checkpoint is due."""
+        return {"signal": self.signum is not None, "checkpoint_due": rank == 0 and self._due_by_time()}
+
+    def agree(self, record):
+        """What every rank decided after a step (its StepRecord)."""
+        self.stop_requested, self.save_requested = record.signal, record.checkpoint_due
+
+    def _due_by_time(self):
+        return self.save_minutes > 0 and self.clock() - self._last_save_t >= 60.0 * self.save_minutes
+
+    def due(self, epoch, step, steps_per_epoch):
+        """A checkpoint after step `step` (0-based) of epoch `epoch`: agreed on, or the step cadence's."""
+        return self.stop_requested or self.save_requested or (
+            self.save_steps > 0 and (epoch * steps_per_epoch + step + 1) % self.save_steps == 0)
+
+    def write(self, save_checkpoint, comm, epoch, step, steps_per_epoch, partial=None):
+        """A full checkpoint `epoch` epochs and `step` steps in (`save_checkpoint`: the Trainer's, a
+        collective); on a signal, then raise Preempted."""
+        path = os.path.join(self.checkpoint_dir, f"epoch_{epoch:04d}_step_{step:06d}.npz")
+        save_checkpoint(path, epoch, step=step, partial=partial)
+        self._last_save_t = self.clock()
+        stop = self.stop_requested
+        self.stop_requested = self.save_requested = False
+        if stop:
+            signum = comm.allgather(float(self.signum or 0)).max()
+            raise Preempted(int(signum) or signal.SIGTERM, path, epoch, step, steps_per_epoch)
+        if comm.rank == 0 and self._last_step_file and self._last_step_file != path:
+            with contextlib.suppress(OSError):
+                os.unlink(self._last_step_file)
+        self._last_step_file = path
+
+    def rescue(self, save_checkpoint, epochs, num_epochs):
+        """A full checkpoint after `epochs` epochs when an output failed (a collective); what to tell."""
+        path = os.path.join(self.checkpoint_dir, f"epoch_{epochs:04d}_step_000000.npz")
+        try:
+            save_checkpoint(path, epochs)
+        except OutputError as e:
+            return f"training stopped after epoch {epochs} of {num_epochs}, and its checkpoint failed too ({e})"
+        return (f"training stopped after epoch {epochs} of {num_epochs}: its checkpoint was written to {path} "
+                f"(continue with --resume {path})")

@@ -1,0 +1,119 @@
+"""The Trainer's side of one global step, on the engine's protocol (`pydtnn.parallel.DataParallel.step`).
+
+Around the protocol (forward + backward, reduction, update, the step's record reduction) this adds what
+only the launcher's loop has: this rank's batch of the epoch's shared order, taken in the background during
+the previous step (`pydtnn.training.prefetch`); --emulate_speeds (calibrated before the first step, each
+compute padded to its deadline, the full-speed replicas followed); the loop's metrics; and the agreement on
+a rank that could not read its batch (the flag rides in the step's record, then every rank raises it).
+
+Passes one rank runs on its own (speed probes, the emulation's calibration) go through `side_passes`.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import numpy as np
+
+from pydtnn.errors import PyDTNNError
+from pydtnn.observe.timeline import PREFETCH
+from pydtnn.parallel.comm import agree_on_error
+from pydtnn.targets import as_targets
+from pydtnn.training.prefetch import BatchPrefetcher
+
+
+class TrainerStep:
+    def __init__(self, model, dataset, dp, loss, metric_fns, emulator, emulate_reference, span):
+        """`dp`: the engine (its `timer` times the step); `emulator`: a pydtnn.parallel.emulation.SpeedEmulator
+        and `emulate_reference` the full-speed ranks it follows; `span(name, category, **args)`: a timeline
+        event when tracing (the Trainer's)."""
+        self.model, self.dataset, self.dp, self.loss = model, dataset, dp, loss
+        self.metric_fns = metric_fns
+        self.emulator, self.emulate_reference = emulator, list(emulate_reference)
+        self.span = span
+        self.nclasses = model.output_shape[-1]        # classes of (N, K) or per-position (N, T, K) outputs
+        self.prefetcher = BatchPrefetcher(self.take)
+        self._side_depth = 0
+
+    # --- this rank's batch ------------------------------------------------------------------------------
+    def take(self, indices, epoch):
+        """The batch of `indices` (host arrays), in this thread or the prefetcher's."""
+        background = threading.current_thread() is not threading.main_thread()
+        with self.span("prefetch" if background else "take batch", "data", tid=PREFETCH if background else 0,
+                       samples=len(indices)):
+            x, labels = self.dataset.train.take(indices, epoch=epoch)
+            return x, as_targets(labels, self.nclasses, self.model.dtype)
+
+    def batch(self, indices, epoch, next_indices):
+        """This step's batch, or (when this rank cannot read it: a corrupt shard) zeros of its shape and
+        the error, which the step's record reduction then makes every rank's."""
+        try:
+            return self.prefetcher.get(indices, epoch, next_indices), None
+        except PyDTNNError as e:
+            n, first = len(indices), self.model.layers[0]
+            x = np.zeros((n,) + tuple(self.model.input_shape), np.int64 if getattr(first, "ids", False) else np.float32)
+            return (x, np.zeros((n,) + tuple(self.model.output_shape), self.model.dtype)), e
+
+    # --- passes that leave no trace ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def side_passes(self):
+        """Passes one rank runs on its own that must leave no trace (speed probes, emulation calibration):
+        no BatchNorm collectives; running statistics, the dropout RNG and the gradients restored after."""
+        saved = [a.copy() for a in self.dp.running_stats()]
+        rng = self.model.backend.rng
+        rng_state = rng.bit_generator.state if hasattr(rng, "bit_generator") else None
+        grads = self.model.grads.copy()
+        self._side_depth += 1                 # nested (a probe's first pass calibrates the emulation)
+        self.dp.sync_batchnorm_layers(False)
+        try:
+            yield
+        finally:
+            self._side_depth -= 1
+            if not self._side_depth:
+                self.dp.sync_batchnorm_layers(True)
+            for a, s in zip(self.dp.running_stats(), saved):
+                a[...] = s
+            if rng_state is not None:
+                rng.bit_generator.state = rng_state
+            self.model.grads[...] = grads
+
+    # --- the emulated speed -----------------------------------------------------------------------------
+    def calibrate_emulation(self, x, y, weight):
+        """--emulate_speeds: this replica's own time per sample, before its first step (pydtnn.parallel.emulation);
+        nothing once calibrated or at full speed."""
+        if not self.emulator.active or self.emulator.calibrated:
+            return
+        def once():
+            self.model.compute_gradients(x, y, self.loss, loss_scale=weight)
+            self.model.backend.synchronize()
+        with self.side_passes():
+            self.emulator.calibrate(once, len(x))
+
+    def local_gradients(self, x, y, weight, overlap=True):
+        """The engine's forward + backward, padded to the emulated speed's deadline."""
+        self.calibrate_emulation(x, y, weight)          # a speed probe's first pass
+        timer = self.dp.timer
+        start = self.emulator.clock()
+        waited = timer.step_wait_s
+        value, y_pred = self.dp.local_gradients(x, y, weight, overlap)
+        if self.emulator.active:        # the emulated compute excludes the waits in it (synchronized BatchNorm)
+            with self.span("emulated slowdown", "backward"):
+                self.emulator.pad(start + (timer.step_wait_s - waited), len(x))
+        return value, y_pred
+
+    # --- one step ---------------------------------------------------------------------------------------
+    def run(self, indices, epoch, step_sizes, next_indices=None, flags=None):
+        """The step on this rank's `indices` of a step of `step_sizes`; returns the agreed StepRecord.
+        `flags()`: this rank's preemption flags (`DataParallel.step`)."""
+        with self.dp.timer.phase("data", category="data"):
+            (x, y_host), data_error = self.batch(indices, epoch, next_indices)
+        y = self.model.backend.asarray(y_host)          # one copy to the device
+        weight = self.dp.weight(step_sizes)
+        self.calibrate_emulation(x, y, weight)          # before the step's timer: not its compute
+        record = self.dp.step(x, y, weight, len(indices) / sum(step_sizes), gradients=self.local_gradients,
+                              metric_fns=self.metric_fns, data_error=data_error is not None, flags=flags)
+        if record.data_error:
+            agree_on_error(self.dp.comm, data_error, "another rank could not read its batch")
+        if self.emulator.active and self.emulate_reference:
+            self.emulator.follow(float(np.mean(record.compute_s_per_sample[self.emulate_reference])))
+        return record

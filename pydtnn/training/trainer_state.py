@@ -1,0 +1,183 @@
+"""The Trainer's state in a full checkpoint (`pydtnn.training.checkpointing`): what it writes, how it resumes.
+
+Written: the epoch and the step inside it, the split, every rank's RNG state, the seed, the history, the
+schedulers' and the balance policy's states, the flags, and (a checkpoint inside an epoch) that epoch's
+partial sums and every rank's timing totals, so that the resumed epoch's history row is bit-exact.
+Resumed: elastic (a checkpoint of P replicas resumes on Q), with what the caller chose anew winning over
+the checkpoint (`restore`).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from pydtnn.errors import CheckpointError, ConfigError, OutputError
+from pydtnn.parallel import balance
+from pydtnn.parallel.comm import raise_together
+from pydtnn.training.checkpointing import load_checkpoint, save_checkpoint
+
+
+def save(trainer, path, epoch, step=0, partial=None):
+    """Full state after `epoch` epochs and `step` more steps (a collective: every rank calls it; rank 0
+    writes). An OutputError is raised on every rank; the previous file at `path` stays intact."""
+    t = trainer
+    rng_states = t.comm.gather_object(_rng_state(t.model), root=0)
+
+    def write():
+        meta = {"epoch": int(epoch), "step": int(step), "nreplicas": t.nreplicas,
+                "sizes": list(map(int, t.sizes)), "rng_states": rng_states, "seed": t.seed,
+                "history": t.history, "schedulers": [[s.name, s.state_dict()] for s in t.schedulers],
+                "balancer": None, "balance_policy": t.policy.name,
+                t.policy.checkpoint_key: t.policy.state_dict() or None,
+                "partial_epoch": partial, "flags": t.flags}
+        folder = os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            raise OutputError(f"cannot create the checkpoint folder {folder}: {e.strerror}") from None
+        save_checkpoint(path, t.model, t.optimizer, json.loads(json.dumps(meta, default=_jsonable)))
+    with t.span("checkpoint write", "checkpoint", always=True, path=os.path.basename(path)):
+        raise_together(t.comm, write, f"rank 0 could not write the checkpoint {path}", rank0_only=True)
+
+
+def restore(trainer, path, keep_split=True, learning_rate=None, restore_optimizer=True):
+    """`Trainer.resume`: restore the state of a checkpoint (configuration stays the command line's); returns
+    the checkpoint's metadata.
+
+    Elastic: a checkpoint of P replicas resumes on Q. The split and a dynamic balancer's measurements
+    are kept only when P == Q and the global batch is the same (and, for the split, `keep_split`: it
+    was measured, not given by flags); otherwise the caller's split stands and is re-measured.
+    What the caller chose anew wins over the checkpoint: `learning_rate` (the optimizer's rate and the
+    schedulers' base rate), ``restore_optimizer=False`` (another optimizer: only the weights), and a
+    seed other than the checkpoint's (a new data order, and a fresh dropout stream).
+    """
+    t = trainer
+    meta = load_checkpoint(path, t.model, t.optimizer, restore_optimizer=restore_optimizer)
+    t.start_epoch, t.start_step = meta["epoch"], meta["step"]
+    t.history = list(meta["history"])
+    same_layout = meta["nreplicas"] == t.nreplicas and sum(meta["sizes"]) == t.global_batch
+    if t.start_step:
+        part = meta["partial_epoch"]
+        mine = {"global_batch": t.global_batch, "steps_per_epoch": t.steps_per_epoch,
+                "train_samples": len(t.dataset.train)}
+        for key, value in mine.items():
+            if part[key] != value:
+                raise CheckpointError(f"checkpoint {path} was written inside an epoch (step {t.start_step}) "
+                                      f"with {key} {part[key]}, this run has {value}: resume with the same "
+                                      f"data and global batch (--global_batch_size), or from an epoch-end "
+                                      f"checkpoint")
+        if len(part["sums"]) != 1 + len(t.metric_fns):
+            raise CheckpointError(f"checkpoint {path} was written inside an epoch with other --metrics")
+        t.resumed_partial = part
+    _restore_rng(t, meta["rng_states"], path, meta["seed"])
+    if keep_split and same_layout:
+        t.sizes = _within_caps(t, list(meta["sizes"]))
+        t.restored_split = True
+    saved = dict((name, st) for name, st in meta["schedulers"])
+    for s in t.schedulers:
+        if s.name in saved:
+            try:
+                s.load_state_dict(saved[s.name])
+            except ConfigError as e:
+                raise CheckpointError(f"checkpoint {path}: metadata field 'schedulers': {e}") from None
+    key = t.policy.checkpoint_key
+    state = meta.get(key)
+    if state is not None and meta.get("balance_policy", t.policy.name) == t.policy.name:
+        if same_layout:
+            try:
+                t.policy.load_state_dict(state)
+            except (ConfigError, ValueError, KeyError, TypeError) as e:
+                raise CheckpointError(f"checkpoint {path}: metadata field '{key}': {e}") from None
+        else:
+            t.log(f"resume: the {t.policy.name} policy's measurements of {meta['nreplicas']} replica(s) "
+                  f"do not apply to {t.nreplicas}; starting from {t.sizes} and re-measuring")
+    t.dp.adopt(t.sizes)
+    if learning_rate is not None:
+        t.optimizer.learning_rate = float(learning_rate)
+        for s in t.schedulers:
+            if getattr(s, "base_lr", None) is not None:
+                s.base_lr = float(learning_rate)
+    return meta
+
+
+# --- an epoch checkpointed inside ---------------------------------------------------------------------
+def partial_epoch(trainer, sums, samples):
+    """What a checkpoint inside an epoch needs to finish that epoch's history row bit-exactly (a collective)."""
+    t, stats = trainer, trainer.stats
+    rows = t.comm.gather_object([stats.steps, stats.samples, stats.compute_s, stats.wait_s], root=0)
+    return {"sums": [float(v) for v in sums], "samples": int(samples), "global_batch": t.global_batch,
+            "steps_per_epoch": t.steps_per_epoch, "train_samples": len(t.dataset.train),
+            "stats": rows if t.rank == 0 else None}
+
+
+def resume_partial_epoch(part, sums, stats, rank, nreplicas):
+    """The resumed epoch's sums so far into `sums`, and (same replica count) this rank's timing totals
+    into `stats` (a ReplicaStats); returns the samples done."""
+    sums[:] = part["sums"]
+    rows = part.get("stats")
+    if (isinstance(rows, list) and len(rows) == nreplicas and isinstance(rows[rank], list)
+            and len(rows[rank]) == 4):
+        steps, done, compute_s, wait_s = rows[rank]
+        stats.steps, stats.samples = int(steps), int(done)
+        stats.compute_s, stats.wait_s = float(compute_s), float(wait_s)
+    return int(part["samples"])
+
+
+# --- the pieces of a resume ----------------------------------------------------------------------------
+def _within_caps(t, sizes):
+    """A restored split under this run's memory caps (re-split in proportion to it where it exceeds them)."""
+    if t.caps and any(b > c for b, c in zip(sizes, t.caps)):
+        return balance.partition(t.global_batch, sizes, t.caps)
+    return sizes
+
+
+def _rng_state(model):
+    rng = model.backend.rng
+    state = rng.bit_generator.state if hasattr(rng, "bit_generator") else None
+    return json.loads(json.dumps(state, default=int))
+
+
+def _restore_rng(t, states, path, seed):
+    """Every saved RNG state is checked (on every rank, so all fail together); this rank's is restored."""
+    rng = t.model.backend.rng
+    if not hasattr(rng, "bit_generator"):
+        return
+    for r, state in enumerate(states):
+        if state is None:
+            continue
+        try:
+            _check_rng_state(state)
+        except (TypeError, ValueError, KeyError, AttributeError):
+            raise CheckpointError(f"checkpoint {path}: metadata field 'rng_states[{r}]' is not a valid "
+                                  f"random generator state") from None
+    if t.rank < len(states) and states[t.rank] is not None:
+        rng.bit_generator.state = states[t.rank]
+    if len(states) != t.nreplicas or seed != t.seed:
+        # another replica count (or seed): dropout streams cannot continue one to one; a fresh stream per rank
+        # that depends on where training resumes (never a replay of epoch 1's masks)
+        t.model.backend.seed(t.seed * 1000003 + t.rank + 7919 * (1 + t.start_epoch * 100003 + t.start_step))
+
+
+def _check_rng_state(state):
+    """A saved generator state of any replica's kind (a mixed job has NumPy and GPU generators): every rank
+    checks every state the same way, so all ranks accept or refuse a checkpoint together."""
+    from pydtnn.backends.gpu import rng as _gpu_random
+    kind = state.get("bit_generator") if isinstance(state, dict) else None
+    if kind == _gpu_random.KIND:
+        _gpu_random.check_state(state)
+    elif kind in ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64"):
+        getattr(np.random, kind)().state = state
+    else:
+        raise ValueError(f"unknown generator kind {kind!r}")
+
+
+def _jsonable(value):
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
