@@ -35,6 +35,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from pydtnn.errors import ConfigError, ShapeError
 
 
@@ -80,6 +82,19 @@ class PoolSpec:
         return (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
 
 
+class HostInputs:
+    """`Backend.input_pipeline` where batches stay in host memory: hands them over as they are."""
+
+    def put(self, *arrays):
+        return arrays
+
+    def get(self, ticket):
+        return ticket
+
+    def done(self, ticket):
+        pass
+
+
 class Backend:
     """Methods every backend implements. See the module docstring for the conventions."""
     name: str
@@ -94,6 +109,28 @@ class Backend:
 
     def to_numpy(self, a):                 # device array -> numpy array
         raise NotImplementedError
+
+    def input_pipeline(self):
+        """What takes a rank's next batch to this backend while the current step computes: `put(*host arrays)`
+        (the prefetch thread) -> a ticket, `get(ticket)` -> the arrays where the step reads them, `done(ticket)`
+        after the step. Here (host memory) the arrays themselves; the GPU's copies asynchronously."""
+        return HostInputs()
+
+    def one_hot(self, labels, nclasses):
+        """Integer labels (N,) or (N, T) -> one-hot targets (N, [T,] nclasses) in this backend's dtype, the
+        values `pydtnn.targets.one_hot` gives (the labels checked before: they are in 0..nclasses - 1)."""
+        xp = self.xp
+        labels = xp.asarray(labels)
+        out = xp.zeros(labels.shape + (nclasses,), dtype=self.dtype)
+        out.reshape(-1, nclasses)[xp.arange(labels.size), labels.reshape(-1)] = 1
+        return out
+
+    def read_scalars(self, values):
+        """Scalars of this backend (a loss, metrics: 0-d arrays or floats) as one float64 host array, in ONE
+        device-to-host read: on a GPU the step's only wait for the device's results."""
+        xp = self.xp
+        return np.asarray(self.to_numpy(xp.stack([xp.asarray(v, dtype=np.float64).reshape(()) for v in values])),
+                          dtype=np.float64)
 
     def to_internal(self, x_nchw):         # 4-D user NCHW -> internal layout (may be a view)
         raise NotImplementedError

@@ -16,7 +16,9 @@ Kinds counted (`Counts.n`):
 - "h2d_pageable" (and "h2d_pageable_main" when on the main thread): a copy from ordinary host memory, which
   blocks the thread; "h2d_pinned": `set(pinned, stream=...)`, asynchronous on that stream.
 `Counts.kernels` lists "kind:name" of every launch in order (steps of one static shape should repeat it).
-`phase(name)` counts what happens inside it separately (`Counts.phases[name]`).
+"sync_main" and "d2h_main" count those of the main thread alone (the prefetch thread may wait for its own
+copies without stalling the steps). `phase(name)` counts what the thread that entered it does inside it
+separately (`Counts.phases[name]`).
 """
 from __future__ import annotations
 
@@ -36,12 +38,16 @@ class Counts:
         self.kernels: list[str] = []
         self.phases: dict[str, Counter] = {}
         self._phase = None
+        self._phase_thread = None
 
     def record(self, kind: str, name: str = "") -> None:
         self.n[kind] += 1
+        main = on_main_thread()
+        if kind in ("sync", "d2h") and main:
+            self.n[kind + "_main"] += 1
         if kind in KERNEL_KINDS:
             self.kernels.append(f"{kind}:{name}")
-        if self._phase is not None:
+        if self._phase is not None and threading.get_ident() == self._phase_thread:
             self.phases[self._phase][kind] += 1
 
 
@@ -82,11 +88,12 @@ def phase(name: str):
     """Count what happens inside the block under `name` as well."""
     counts = ACTIVE
     counts.phases.setdefault(name, Counter())
-    outer, counts._phase = counts._phase, name
+    outer = counts._phase, counts._phase_thread
+    counts._phase, counts._phase_thread = name, threading.get_ident()
     try:
         yield counts.phases[name]
     finally:
-        counts._phase = outer
+        counts._phase, counts._phase_thread = outer
 
 
 # ------------------------------------------------------------------------------------- pinned host memory

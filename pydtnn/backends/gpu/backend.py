@@ -148,3 +148,17 @@ class GPUBackend(ConvolutionOps, BatchNormOps, PoolingOps, ElementwiseOps, Backe
         if buf is None:
             buf = self._buffers[key] = self.xp.empty(shape, dtype)
         return buf
+
+    # --- inputs -----------------------------------------------------------------------------------------
+    def input_pipeline(self):
+        """Batches sent to the device by an asynchronous copy from pinned memory (`inputs.DeviceInputs`)."""
+        from pydtnn.backends.gpu.inputs import DeviceInputs
+        return DeviceInputs(self.xp, self.device)
+
+    def one_hot(self, labels, nclasses):
+        """Integer labels (the device's or the host's) -> one-hot targets on the device: rows of a cached
+        identity matrix, one gather."""
+        eye = self._buffers.get(("eye", nclasses))
+        if eye is None:
+            eye = self._buffers[("eye", nclasses)] = self.xp.eye(nclasses, dtype=self.dtype)
+        return eye[self.xp.asarray(labels)]
