@@ -7,10 +7,19 @@ The regression losses are means over every element, as PyTorch's MSELoss() and L
 Each loss returns (value, dy) with dy = d(mean loss)/d(prediction). When the model ends in the activation
 a loss fuses with (Softmax for categorical cross-entropy, Sigmoid for binary cross-entropy), the model
 calls `from_logits` instead: stable for any logits (no log(0), no exp overflow) and cheaper.
+
+The value is a 0-d float64 array of the backend (a NumPy scalar on the CPU, a device scalar on the GPU), so
+that computing it never waits for the device; `float(value)` reads it. It is the sum in the data's dtype,
+then divided in float64, exactly as `float(sum) / count` was.
 """
 from pydtnn.activations import Sigmoid, Softmax, stable_sigmoid
 from pydtnn.backends import array_module as _xp
 from pydtnn.errors import ConfigError
+
+
+def _mean(total, count):
+    """A loss's value: its sum (an array of the data's dtype) in float64, divided by `count`, on its device."""
+    return total.astype("float64") / count
 
 
 class Loss:
@@ -57,7 +66,7 @@ class CategoricalCrossEntropy(Loss):
         y_true = self._targets(y_true)
         p = xp.clip(y_pred, self.eps, 1.0)
         n = self._positions(y_pred)
-        value = -float((y_true * xp.log(p)).sum()) / n
+        value = -_mean((y_true * xp.log(p)).sum(), n)
         return value, -(y_true / p) / n
 
     def from_logits(self, z, y_true):
@@ -67,7 +76,7 @@ class CategoricalCrossEntropy(Loss):
         log_p = shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
         p = xp.exp(log_p)
         n = self._positions(z)
-        value = -float((y_true * log_p).sum()) / n
+        value = -_mean((y_true * log_p).sum(), n)
         # d/dz of -sum_k y_k log softmax(z)_k = p * sum_k y_k - y (= p - y for one-hot targets)
         dz = (p * y_true.sum(axis=-1, keepdims=True) - y_true) / n
         return value, p, dz
@@ -85,14 +94,14 @@ class BinaryCrossEntropy(Loss):
         xp = _xp(y_pred)
         p = xp.clip(y_pred, self.eps, 1.0 - self.eps)
         count = y_pred.size
-        value = -float((y_true * xp.log(p) + (1 - y_true) * xp.log(1 - p)).sum()) / count
+        value = -_mean((y_true * xp.log(p) + (1 - y_true) * xp.log(1 - p)).sum(), count)
         return value, (p - y_true) / (p * (1 - p)) / count
 
     def from_logits(self, z, y_true):
         xp = _xp(z)
         e = xp.exp(-xp.abs(z))
         # log(1 + exp(-|z|)) + max(z, 0) - y z is the stable form of the loss
-        value = float((xp.maximum(z, 0) - y_true * z + xp.log1p(e)).sum()) / z.size
+        value = _mean((xp.maximum(z, 0) - y_true * z + xp.log1p(e)).sum(), z.size)
         p = stable_sigmoid(xp, z, e)
         return value, p, (p - y_true) / z.size
 
@@ -103,7 +112,7 @@ class MeanSquaredError(Loss):
 
     def __call__(self, y_pred, y_true):
         diff = y_pred - y_true
-        return float((diff * diff).sum()) / diff.size, diff * diff.dtype.type(2 / diff.size)
+        return _mean((diff * diff).sum(), diff.size), diff * diff.dtype.type(2 / diff.size)
 
 
 class MeanAbsoluteError(Loss):
@@ -113,7 +122,7 @@ class MeanAbsoluteError(Loss):
     def __call__(self, y_pred, y_true):
         xp = _xp(y_pred)
         diff = y_pred - y_true
-        return float(xp.abs(diff).sum()) / diff.size, xp.sign(diff) * diff.dtype.type(1 / diff.size)
+        return _mean(xp.abs(diff).sum(), diff.size), xp.sign(diff) * diff.dtype.type(1 / diff.size)
 
 
 LOSSES = {cls.name: cls for cls in (CategoricalCrossEntropy, BinaryCrossEntropy, MeanSquaredError,

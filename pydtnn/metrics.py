@@ -8,7 +8,8 @@
 `regression_*` metrics are the mean squared / absolute error over every output; `mean_squared_error` and
 `mean_absolute_error` are the same, named as the losses they follow.
 Class metrics read the last axis, so on (N, T, K) outputs (a language model) they are means over the
-N * T positions.
+N * T positions. A metric returns a 0-d array of the backend (a device scalar on the GPU: computing it never
+waits for the device); `float()` reads it.
 """
 from pydtnn.errors import ConfigError
 from pydtnn.backends import array_module as _xp
@@ -26,30 +27,30 @@ def _target_prob(y_pred, y_true):
 
 
 def categorical_accuracy(y_pred, y_true):
-    return float((y_pred.argmax(axis=-1) == y_true.argmax(axis=-1)).mean())
+    return (y_pred.argmax(axis=-1) == y_true.argmax(axis=-1)).mean()
 
 
 def categorical_hinge(y_pred, y_true):
     xp = _xp(y_pred)
     pos = (y_true * y_pred).sum(axis=-1)
     neg = ((1 - y_true) * y_pred).max(axis=-1)
-    return float(xp.maximum(0, neg - pos + 1).mean())
+    return xp.maximum(0, neg - pos + 1).mean()
 
 
 def categorical_mse(y_pred, y_true):
-    return float(((1 - _target_prob(y_pred, y_true)) ** 2).mean())
+    return ((1 - _target_prob(y_pred, y_true)) ** 2).mean()
 
 
 def categorical_mae(y_pred, y_true):
-    return float(abs(1 - _target_prob(y_pred, y_true)).mean())
+    return abs(1 - _target_prob(y_pred, y_true)).mean()
 
 
 def regression_mse(y_pred, y_true):
-    return float(((y_pred - y_true) ** 2).mean())
+    return ((y_pred - y_true) ** 2).mean()
 
 
 def regression_mae(y_pred, y_true):
-    return float(abs(y_pred - y_true).mean())
+    return abs(y_pred - y_true).mean()
 
 
 METRICS = {f.__name__: f for f in (categorical_accuracy, categorical_hinge, categorical_mse, categorical_mae,

@@ -288,9 +288,9 @@ class Model:
         for start in range(0, len(x), batch_size):
             xb, yb = x[start:start + batch_size], self.backend.asarray(y[start:start + batch_size])
             y_pred = self.forward(xb, training=False)
-            totals["loss"] += loss(y_pred, yb)[0] * len(xb)
-            for m, f in metric_fns.items():
-                totals[m] += f(y_pred, yb) * len(xb)
+            values = self.backend.read_scalars([loss(y_pred, yb)[0]] + [f(y_pred, yb) for f in metric_fns.values()])
+            for k, v in zip(totals, values):
+                totals[k] += float(v) * len(xb)
         return {k: v / len(x) for k, v in totals.items()}
 
     def _one_hot(self, y):

@@ -2,29 +2,27 @@
 """Training-step time of PyDTNN's GPU backend against PyTorch, same models, batch and precision, one GPU.
 
     python scripts/bench_gpu.py                                   # resnet50_imagenet, vgg16_imagenet, simplecnn
-    python scripts/bench_gpu.py --precision fp32 --models simplecnn --steps 20
-    python scripts/bench_gpu.py --conv legacy --autotune          # the cuDNN legacy API, measured algorithms
+    python scripts/bench_gpu.py --precision fp32 --models simplecnn --block 10
+    python scripts/bench_gpu.py --no_autotune --conv legacy       # heuristic plans, the cuDNN legacy API
+    python scripts/bench_gpu.py --profile profile.json            # + a kernel profile of one step of each
 
-One step, ours:    model.compute_gradients(x, y_onehot, "categorical_cross_entropy")
-                   + SGD.step(model.params, model.grads) + backend.synchronize()
-One step, PyTorch: zero_grad + forward + CrossEntropyLoss + backward + SGD.step + torch.cuda.synchronize()
-(SGD with momentum 0.9 in both; ours also brings the loss value to the host every step, as its training
-loop needs it, which PyTorch's step here does not.)
+Like with like:
+- precision "tf32": TF32 allowed on both sides; "fp32": TF32 off on both (torch.backends.cuda.matmul.allow_tf32
+  = torch.backends.cudnn.allow_tf32 = False), any cuDNN algorithm; "fp32_strict": ours without TF32, FFT or
+  Winograd, beside PyTorch's fp32 (PyTorch has no such mode: the row says what strictness costs);
+- plans: ours autotuned (the default, with the step-level guard: `ConvRunner.guard`) against
+  torch.backends.cudnn.benchmark = True; --no_autotune gives ours the heuristic's plans.
+One step, ours:    the training step of `pydtnn.parallel.DataParallel` on one process (forward, loss, backward,
+                   SGD with momentum 0.9), with no host synchronization inside (the loss stays on the device)
+One step, PyTorch: zero_grad + forward + CrossEntropyLoss + backward + SGD.step (momentum 0.9)
+Inputs live on the device. Steps run in blocks of --block with one synchronization at the end of each (as in
+training, where nothing waits between steps); each framework's block time is the median over --rounds
+blocks, the frameworks alternating block by block. The ratio is ours / PyTorch in images per second
+(> 1: ours is faster). "first step" includes building (and tuning) the cuDNN graphs.
 
-Inputs live on the device (no host transfer in the timed step). Precision "fp32": TF32 off everywhere
-(torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False; our backend's strict
-precision); "tf32": both allowed. torch.backends.cudnn.benchmark = True. After warm-up steps (which for
-us include building the cuDNN graphs, reported as "first step"), the timed steps alternate between the
-two frameworks and the median is reported; the ratio is ours / PyTorch in images per second (> 1: ours
-is faster).
-
-PyTorch models: torchvision's resnet50 (its strides moved to the first 1x1 convolution of each bottleneck
-for resnet50_imagenet, which is ResNet v1 like ours) and vgg16 when torchvision is importable, else
-hand-written equivalents; simplecnn as nn.Sequential(Conv 1->4 3x3 pad 1, ReLU, MaxPool 2, Flatten,
-Linear 784->128, ReLU, Linear 128->10).
-
-Meant to finish well under 3 minutes on an H200 (--max_seconds stops starting new configurations).
-NOT RUN ON HARDWARE when written (no GPU where it was written).
+--profile: one more block of each framework under PyTorch's profiler with CUDA activities, which records every
+kernel of the process (CuPy's and cuDNN's too): per step, wall ms, GPU-busy ms (the kernels' summed
+durations), kernels launched, and the top kernels by time.
 """
 from __future__ import annotations
 
@@ -47,21 +45,26 @@ def ours_setup(name, batch, precision, args):
     from pydtnn.backends.gpu.backend import GPUBackend
     from pydtnn.models import build_model
     from pydtnn.optimizers import SGD
-    be = GPUBackend(dtype="float32", seed=0, precision=precision, auto_conv_alg=args.autotune, conv_impl=args.conv)
+    from pydtnn.parallel import DataParallel
+    be = GPUBackend(dtype="float32", seed=0, precision=precision, auto_conv_alg=not args.no_autotune,
+                    conv_impl=args.conv)
     model = Model(backend=be, seed=0)
     build_model(name, model)
     nclasses, shape = model.output_shape[0], tuple(model.input_shape)
     rng = np.random.default_rng(0)
     x = be.asarray(rng.standard_normal((batch,) + shape).astype(np.float32))
     y = be.asarray(np.eye(nclasses, dtype=np.float32)[rng.integers(0, nclasses, batch)])
-    opt = SGD(learning_rate=0.01, momentum=0.9)
-
-    def step():
-        model.compute_gradients(x, y, "categorical_cross_entropy")
-        opt.step(model.params, model.grads)
-        be.synchronize()
-
+    dp = DataParallel(model, SGD(learning_rate=0.01, momentum=0.9), global_batch=batch)
+    step = ours_step(dp, x, y)
     return step, be, shape, nclasses
+
+
+def ours_step(dp, x, y):
+    """One training step of DataParallel with no host synchronization inside (the loss stays on the device)."""
+    def step():
+        dp.local_gradients(x, y, 1.0, sync=False)
+        dp.update()
+    return step
 
 
 # -------------------------------------------------------------------------------------------- PyTorch
@@ -153,69 +156,120 @@ def torch_setup(name, batch, shape, nclasses, precision, device):
         opt.zero_grad(set_to_none=True)
         loss_fn(model(x), y).backward()
         opt.step()
-        torch.cuda.synchronize(dev)
 
     return step, what
 
 
 # ------------------------------------------------------------------------------------------ the runs
 
-def timed(step):
+def block_ms(step, n, synchronize):
+    """Milliseconds per step over a block of `n` steps with one synchronization at its end."""
+    synchronize()
     t0 = time.perf_counter()
-    step()
-    return time.perf_counter() - t0
+    for _ in range(n):
+        step()
+    synchronize()
+    return 1e3 * (time.perf_counter() - t0) / n
+
+
+def kernel_profile(step, n, synchronize, top=12):
+    """Per step, from PyTorch's profiler (CUDA activities: every kernel of the process, CuPy's and cuDNN's
+    included): wall ms, GPU-busy ms (summed kernel, memcpy and memset durations), launches, top kernels."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step()
+        synchronize()
+        wall = time.perf_counter() - t0
+    events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    by_name = {}
+    for e in events:
+        us, count = by_name.get(e.name, (0.0, 0))
+        by_name[e.name] = (us + e.time_range.elapsed_us(), count + 1)
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"wall_ms": 1e3 * wall / n, "gpu_busy_ms": sum(e.time_range.elapsed_us() for e in events) / 1e3 / n,
+            "launches": len(events) / n,
+            "top": [{"kernel": k[:120], "ms": us / 1e3 / n, "per_step": c / n} for k, (us, c) in ranked]}
 
 
 def bench_one(name, precision, args, use_torch):
-    import cupy
     row = {"model": name, "precision": precision, "batch": args.batch}
     t0 = time.perf_counter()
     ours, be, shape, nclasses = ours_setup(name, args.batch, precision, args)
-    row["ours_first_step_s"] = timed(ours)                        # includes building the cuDNN graphs
+    sync = {"ours": be.synchronize}
+    t1 = time.perf_counter()
+    ours()
+    be.synchronize()
+    row["ours_first_step_s"] = time.perf_counter() - t1          # includes building (and tuning) the cuDNN graphs
     row["ours_setup_s"] = time.perf_counter() - t0
+    for _ in range(args.warmup):
+        ours()
+    row["guard"] = be.conv.guard(lambda: block_ms(ours, 2, be.synchronize))    # tuned plans vs heuristic's
     steps = {"ours": ours}
     if use_torch:
-        theirs, row["torch_model"] = torch_setup(name, args.batch, shape, nclasses, precision, be.device)
+        import torch
+        torch_precision = "fp32" if precision == "fp32_strict" else precision
+        theirs, row["torch_model"] = torch_setup(name, args.batch, shape, nclasses, torch_precision, be.device)
+        row["torch_precision"] = torch_precision
         steps["torch"] = theirs
-    for _ in range(args.warmup):
-        for s in steps.values():
-            s()
+        sync["torch"] = torch.cuda.synchronize
+        for _ in range(args.warmup):
+            theirs()
     times = {k: [] for k in steps}
     order = list(steps)
-    for i in range(args.steps):                                  # alternate, and alternate who goes first
+    for i in range(args.rounds):                                 # alternate, and alternate who goes first
         for k in (order if i % 2 == 0 else order[::-1]):
-            times[k].append(timed(steps[k]))
+            times[k].append(block_ms(steps[k], args.block, sync[k]))
     for k, ts in times.items():
         med = statistics.median(ts)
-        row[f"{k}_ms"] = 1e3 * med
-        row[f"{k}_img_s"] = args.batch / med
+        row[f"{k}_ms"] = med
+        row[f"{k}_range_ms"] = [min(ts), max(ts)]
+        row[f"{k}_img_s"] = 1e3 * args.batch / med
     if use_torch:
         row["ratio"] = row["ours_img_s"] / row["torch_img_s"]
+        if args.profile:
+            row["profile"] = {k: kernel_profile(steps[k], args.block, sync[k]) for k in steps}
     row["conv"] = be.conv_report()
-    del ours, steps, be
+    return row
+
+
+def free_device_memory(use_torch):
+    """Between configurations: CuPy's and PyTorch's cached blocks back to the device."""
+    import cupy
     cupy.get_default_memory_pool().free_all_blocks()
     if use_torch:
         import torch
         torch.cuda.empty_cache()
-    return row
 
 
 def print_table(rows):
-    head = f"{'precision':9}  {'model':22} {'ours ms':>9} {'ours img/s':>11} {'torch ms':>9} {'torch img/s':>12} " \
+    head = f"{'precision':11}  {'model':22} {'ours ms':>9} {'ours img/s':>11} {'torch ms':>9} {'torch img/s':>12} " \
            f"{'ours/torch':>10} {'first step s':>12}  convolutions"
     print(head)
     print("-" * len(head))
     for r in rows:
         if "skipped" in r:
-            print(f"{r['precision']:9}  {r['model']:22} skipped: {r['skipped']}")
+            print(f"{r['precision']:11}  {r['model']:22} skipped: {r['skipped']}")
             continue
         t = (f"{r['torch_ms']:9.2f} {r['torch_img_s']:12.0f} {r['ratio']:10.2f}" if "torch_ms" in r
              else f"{'-':>9} {'-':>12} {'-':>10}")
         served = r["conv"]["served"]
         conv = ", ".join(f"{k} {v}" for k, v in served.items() if v) + (
             f" ({len(r['conv']['fallbacks'])} fallbacks)" if r["conv"]["fallbacks"] else "")
-        print(f"{r['precision']:9}  {r['model']:22} {r['ours_ms']:9.2f} {r['ours_img_s']:11.0f} {t} "
+        if r.get("guard"):
+            g = r["guard"]
+            conv += f"; guard kept {g['kept']} ({g['tuned']:.1f} vs {g['heuristic']:.1f} ms)"
+        print(f"{r['precision']:11}  {r['model']:22} {r['ours_ms']:9.2f} {r['ours_img_s']:11.0f} {t} "
               f"{r['ours_first_step_s']:12.1f}  {conv}")
+    for r in rows:
+        for who, prof in r.get("profile", {}).items():
+            print(f"\nkernel profile, {r['precision']} {r['model']}, {who}: {prof['wall_ms']:.1f} ms wall, "
+                  f"{prof['gpu_busy_ms']:.1f} ms GPU busy, {prof['launches']:.0f} launches a step")
+            for k in prof["top"][:8]:
+                print(f"  {k['ms']:8.2f} ms  x{k['per_step']:<5.0f} {k['kernel'][:90]}")
 
 
 def append_jsonl(path, row):
@@ -231,14 +285,17 @@ def append_jsonl(path, row):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated zoo names (default {DEFAULT_MODELS})")
-    p.add_argument("--precision", default="fp32,tf32", help="fp32, tf32 or both (default fp32,tf32)")
+    p.add_argument("--precision", default="tf32,fp32,fp32_strict",
+                   help="comma-separated: tf32, fp32, fp32_strict (default all three)")
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--steps", type=int, default=10, help="timed steps per framework (median reported)")
+    p.add_argument("--block", type=int, default=5, help="steps per timed block (one synchronization a block)")
+    p.add_argument("--rounds", type=int, default=5, help="timed blocks per framework (median reported)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--conv", default=None, choices=["auto", "frontend", "legacy"],
-                   help="cuDNN implementation of our convolutions (see pydtnn/backends/gpu/cudnn.py; default: "
+                   help="cuDNN implementation of our convolutions (see pydtnn/backends/gpu/cudnn/; default: "
                         "$PYDTNN_GPU_CONV, else auto)")
-    p.add_argument("--autotune", action="store_true", help="our convolutions: measure plans/algorithms")
+    p.add_argument("--no_autotune", action="store_true", help="our convolutions: the heuristic's plans")
+    p.add_argument("--profile", action="store_true", help="add a kernel profile of each framework's step")
     p.add_argument("--no_torch", action="store_true", help="time ours only")
     p.add_argument("--max_seconds", type=float, default=150.0, help="start no new configuration after this")
     p.add_argument("--json", default=None, help="also write the rows as JSON here, at the end")
@@ -270,6 +327,7 @@ def main(argv=None):
             except Exception as e:  # noqa: BLE001 - one failing configuration must not lose the others
                 rows.append({"model": name, "precision": precision,
                              "skipped": "FAILED " + " ".join(f"{type(e).__name__}: {e}".split())[:400]})
+            free_device_memory(use_torch)
             r = rows[-1]
             append_jsonl(args.jsonl, r)
             if "skipped" in r:
@@ -278,8 +336,8 @@ def main(argv=None):
             print(f"# {precision} {name}: ours {r['ours_ms']:.2f} ms"
                   + (f", torch {r['torch_ms']:.2f} ms ({r['torch_model']})" if use_torch else "")
                   + f", first step {r['ours_first_step_s']:.1f} s", file=sys.stderr, flush=True)
-    print(f"\nbatch {args.batch}, median of {args.steps} steps after {args.warmup} warm-up, "
-          f"convolutions: {args.conv}{' autotuned' if args.autotune else ''}; "
+    print(f"\nbatch {args.batch}, median of {args.rounds} blocks of {args.block} steps after {args.warmup} warm-up, "
+          f"convolutions: {args.conv or 'auto'}{'' if args.no_autotune else ' autotuned'}; "
           f"total {time.perf_counter() - t_start:.0f} s")
     print_table(rows)
     if args.json:

@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
 # The GPU device check: one prepared script for the GPU machine (one H200, CUDA 13, CuPy 14, Open MPI 4.1.6,
-# PyTorch 2.11, no network; docs/gpu.md says what to record from it). NOT YET RUN ON HARDWARE.
+# PyTorch, no network; docs/gpu.md records what it printed). It runs from a bare checkout: the project is
+# not installed there, PYTHONPATH names the checkout (pydtnn/models and pydtnn/datasets are links inside it).
 #
 #   here, first:    bash scripts/gpu_check_prepare.sh      (the cuDNN frontend wheel into .gpu_data, size check)
-#   on the device:  run(command="bash scripts/gpu_check.sh", carry=[".gpu_data"], timeout_s=300)
-#   here, no GPU:   bash scripts/gpu_check.sh --dry-run    (the script's own logic; every GPU stage
-#                   reports "skipped: no GPU"; tests/test_gpu_check_script.py runs it)
+#   on the device:  run(command="bash scripts/gpu_check.sh", carry=[".gpu_data"], timeout_s=420)
+#   here, no GPU:   bash scripts/gpu_check.sh --dry-run    (the script's own logic, from an environment where
+#                   the project is NOT installed too; every GPU stage reports "skipped: no GPU";
+#                   tests/launch/test_check_script.py runs it)
 #
 # Stages, most useful first, each under its own `timeout` (capped by what is left of the budget), each
 # ending with one "RESULT:" line that goes to the console and to summary.txt as soon as it ends:
-#   versions 25 s (installs the carried wheel), conformance 90 s (pytest -k "gpu and not standin"),
-#   nccl 15 s, mnist 25 s, bench 30 s, resume 25 s, mixed 30 s: 240 s of limits, budget 250 s.
+#   versions 20 s (installs the carried wheel), conformance 70 s (pytest -k "gpu and not standin"),
+#   bench 140 s (ResNet-50 and VGG-16 at batch 64 in tf32, fp32, fp32_strict against PyTorch, with a kernel
+#   profile of each), mixed 45 s, mnist 20 s, resume 20 s, nccl 15 s: 330 s of limits, budget 340 s, so that
+#   a second run still fits in a 15-minute device session.
 # What comes back in $OUT (at most 5 files, no folders; the device returns at most 8):
 #   summary.txt  one line per stage      gpu_check.log    every stage's whole output, appended as it runs
-#   conformance.xml  pytest's JUnit XML  bench.jsonl      one JSON line per benchmark row, flushed
+#   conformance.xml  pytest's JUnit XML  bench.jsonl      one JSON line per benchmark row (profile included)
 #   histories.json   {"mnist": [...], "mixed_static": [...], "mixed_dynamic": [...]}, merged as each ends
 # Work files live in a fresh folder under /tmp.
-# Knobs: PYTHON (python3); GPU_CHECK_BUDGET (250 s); GPU_CHECK_LIMIT_<stage> (seconds, e.g.
+# Knobs: PYTHON (python3); GPU_CHECK_BUDGET (340 s); GPU_CHECK_LIMIT_<stage> (seconds, e.g.
 # GPU_CHECK_LIMIT_bench=200); GPU_CHECK_ONLY / GPU_CHECK_SKIP ("bench mixed": stages to run / not to run);
 # PYDTNN_GPU_CONV=frontend|legacy. Dry run only: GPU_CHECK_DRY_SLEEP ("conformance=3 mnist=1": seconds a
 # stage's stand-in body sleeps, to exercise the limits).
@@ -29,14 +33,14 @@ OUT="${OUT:-$REPO/out/gpu_check}"
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/pydtnn-gpu-check.XXXXXX)
 PY="${PYTHON:-python3}"
-BUDGET="${GPU_CHECK_BUDGET:-250}"
+BUDGET="${GPU_CHECK_BUDGET:-340}"
 ONLY=" ${GPU_CHECK_ONLY:-} "
 SKIP=" ${GPU_CHECK_SKIP:-} "
 MNIST="tests/data/mnist-t10k"
 SUMMARY="$OUT/summary.txt"
 LOG="$OUT/gpu_check.log"
 HIST="$OUT/histories.json"
-STAGES=(versions:25 conformance:90 nccl:15 mnist:25 bench:30 resume:25 mixed:30)
+STAGES=(versions:20 conformance:70 bench:140 mixed:45 mnist:20 resume:20 nccl:15)
 START=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export PYTHONPATH="$REPO:$REPO/scripts:/tmp/pydtnn-gpu-site${PYTHONPATH:+:$PYTHONPATH}"
@@ -125,7 +129,7 @@ do_versions() {
     shopt -s nullglob
     local wheels=(.gpu_data/wheels/*.whl)
     if ! "$PY" -c "import cudnn" 2>/dev/null; then
-        if (( ${#wheels[@]} )); then        # offline, without dependencies (gpu-notes.md: works so)
+        if (( ${#wheels[@]} )); then        # offline, without dependencies (docs/gpu.md: the carried wheel)
             "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/pydtnn-gpu-site "${wheels[@]}" \
                 || echo "installing the carried wheels failed"
         else
@@ -243,17 +247,18 @@ EOF
 }
 
 do_bench() {
-    # ResNet-50 first, fp32 then TF32, then VGG-16; --max_seconds: start no configuration that cannot finish
-    "$PY" scripts/bench_gpu.py --models resnet50_imagenet,vgg16_imagenet --precision fp32,tf32 --batch 64 \
-        --steps 8 --warmup 2 --jsonl "$OUT/bench.jsonl" --json "$WORK/bench.json" \
+    # ResNet-50 first, TF32 then fp32 then fp32_strict, then VGG-16; --max_seconds: start no configuration
+    # that cannot finish
+    "$PY" scripts/bench_gpu.py --models resnet50_imagenet,vgg16_imagenet --precision tf32,fp32,fp32_strict \
+        --batch 64 --block 5 --rounds 5 --warmup 2 --profile --jsonl "$OUT/bench.jsonl" --json "$WORK/bench.json" \
         --max_seconds $(( STAGE_LIMIT > 40 ? STAGE_LIMIT - 30 : 5 ))
     local rc=$?
     "$PY" - "$OUT/bench.jsonl" <<'EOF'
 import json, os, sys
 rows = [json.loads(l) for l in open(sys.argv[1])] if os.path.exists(sys.argv[1]) else []
 done = [f"{r['model'].split('_')[0]} {r['precision']} ours {r['ours_ms']:.1f} ms"
-        + (f" torch {r['torch_ms']:.1f} ms" if r.get("torch_ms") else "") for r in rows if "ours_ms" in r]
-print(f"RESULT: {len(done)} of 4 configurations measured" + (": " + "; ".join(done) if done else ""))
+        + (f" torch {r['torch_ms']:.1f} ms ({r['ratio']:.2f}x)" if r.get("torch_ms") else "") for r in rows if "ours_ms" in r]
+print(f"RESULT: {len(done)} of 6 configurations measured" + (": " + "; ".join(done) if done else ""))
 EOF
     return $rc
 }

@@ -35,6 +35,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from pydtnn.errors import ConfigError, ShapeError
 
 
@@ -80,6 +82,19 @@ class PoolSpec:
         return (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
 
 
+class HostInputs:
+    """`Backend.input_pipeline` where batches stay in host memory: hands them over as they are."""
+
+    def put(self, *arrays):
+        return arrays
+
+    def get(self, ticket):
+        return ticket
+
+    def done(self, ticket):
+        pass
+
+
 class Backend:
     """Methods every backend implements. See the module docstring for the conventions."""
     name: str
@@ -94,6 +109,28 @@ class Backend:
 
     def to_numpy(self, a):                 # device array -> numpy array
         raise NotImplementedError
+
+    def input_pipeline(self):
+        """What takes a rank's next batch to this backend while the current step computes: `put(*host arrays)`
+        (the prefetch thread) -> a ticket, `get(ticket)` -> the arrays where the step reads them, `done(ticket)`
+        after the step. Here (host memory) the arrays themselves; the GPU's copies asynchronously."""
+        return HostInputs()
+
+    def one_hot(self, labels, nclasses):
+        """Integer labels (N,) or (N, T) -> one-hot targets (N, [T,] nclasses) in this backend's dtype, the
+        values `pydtnn.targets.one_hot` gives (the labels checked before: they are in 0..nclasses - 1)."""
+        xp = self.xp
+        labels = xp.asarray(labels)
+        out = xp.zeros(labels.shape + (nclasses,), dtype=self.dtype)
+        out.reshape(-1, nclasses)[xp.arange(labels.size), labels.reshape(-1)] = 1
+        return out
+
+    def read_scalars(self, values):
+        """Scalars of this backend (a loss, metrics: 0-d arrays or floats) as one float64 host array, in ONE
+        device-to-host read: on a GPU the step's only wait for the device's results."""
+        xp = self.xp
+        return np.asarray(self.to_numpy(xp.stack([xp.asarray(v, dtype=np.float64).reshape(()) for v in values])),
+                          dtype=np.float64)
 
     def to_internal(self, x_nchw):         # 4-D user NCHW -> internal layout (may be a view)
         raise NotImplementedError
@@ -127,17 +164,47 @@ class Backend:
         pass
 
     # --- convolution --------------------------------------------------------------------------------
-    def conv2d_forward(self, x, w, b, spec: ConvSpec):
-        """y = conv(x, w) + b (b may be None). Returns (y, ctx)."""
+    # fuses_conv_relu: conv2d_forward takes relu=True (y = relu(conv(x, w) + b), the bias and the ReLU in one
+    # pass) and bias_relu_backward runs that ReLU's backward with the bias's gradient in one pass: a Conv2D
+    # followed by a Relu then runs as a pair (pydtnn/execution/relu_fusion.py), where this is True.
+    fuses_conv_relu = False
+
+    def conv2d_forward(self, x, w, b, spec: ConvSpec, relu=False):
+        """y = conv(x, w) + b (b may be None), relu(y) with ``relu`` (only where `fuses_conv_relu`).
+        Returns (y, ctx)."""
         raise NotImplementedError
 
     def conv2d_backward_data(self, dy, w, ctx, spec: ConvSpec):
         """dL/dx, same shape as the forward x."""
         raise NotImplementedError
 
-    def conv2d_backward_weights(self, dy, ctx, spec: ConvSpec, with_bias: bool):
-        """(dw, db): dw shaped like w (K, C // groups, kh, kw); db (K,) or None."""
+    def conv2d_backward_weights(self, dy, ctx, spec: ConvSpec, with_bias: bool, out=None):
+        """(dw, db): dw shaped like w (K, C // groups, kh, kw); db (K,) or None. ``out``: (dw, db) arrays
+        to write them into (db None without a bias), e.g. views of the model's flat gradient buffer; they
+        are returned then."""
         raise NotImplementedError
+
+    def bias_relu_backward(self, dy, y, db_out=None):
+        """(g, db) for a convolution whose bias and ReLU ran in one pass (conv2d_forward(relu=True)): g = dy
+        masked by the ReLU's output y (the gradient of the convolution's output), db = g summed over every
+        axis but the channels' (None when ``db_out`` is None: no bias), written into ``db_out``."""
+        g = self.relu_backward(dy, y)
+        if db_out is None:
+            return g, None
+        axis = self.channel_axis if g.ndim == 4 else g.ndim - 1
+        db_out[...] = g.sum(axis=tuple(a for a in range(g.ndim) if a != axis))
+        return g, db_out
+
+    @staticmethod
+    def into(results, out):
+        """`results` (arrays or None), or, with ``out`` (arrays or None, one each), each copied into its
+        `out` array, which are returned: kernels that cannot write into the caller's arrays directly."""
+        if out is None:
+            return results
+        for r, o in zip(results, out):
+            if o is not None and r is not o:
+                o[...] = r
+        return tuple(out)
 
     def conv2d_context(self, x):
         """The ctx `conv2d_forward(x, ...)` returns, without computing y: the transposed convolution
@@ -307,8 +374,22 @@ class Backend:
     # input on to the next layer, whose input holds it (pydtnn/execution/concat_chain.py).
     reuses_bn_moments = False
 
-    def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None, relu=False, known=None):
+    def update_running_stats(self, running, mean, var, count):
+        """running = (mean, var, momentum): the running statistics, IN PLACE, from a batch's mean and biased
+        variance (arrays of the data's dtype) over `count` rows: running = momentum running + (1 - momentum)
+        batch, the variance unbiased by count / (count - 1). The reference every backend matches bit for bit
+        (these very array operations, in this order)."""
+        rm, rv, m = running
+        rm *= m
+        rm += (1 - m) * mean
+        rv *= m
+        rv += (1 - m) * var * (count / max(count - 1, 1))
+
+    def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None, relu=False, known=None,
+                                running=None):
         """Returns (y, batch_mean, batch_var_biased, ctx).
+        - ``running`` (every backend takes it): (mean, var, momentum) running statistics to update in place
+          from this batch's, as `update_running_stats` does (the global batch's with ``sync``).
         - ``sync`` (a `pydtnn.parallel.sync_batchnorm.BatchNormSync`): the statistics are the global
           batch's: the local per-channel sums go through ``sync.forward_moments`` about ``center`` (the same
           on every replica).
@@ -329,9 +410,11 @@ class Backend:
         (only where `fuses_relu`): relu(y)."""
         raise NotImplementedError
 
-    def batchnorm_backward(self, dy, ctx, sync=None, relu_y=None, addend=None):
+    def batchnorm_backward(self, dy, ctx, sync=None, relu_y=None, addend=None, out=None):
         """Returns (dx, dgamma, dbeta): dgamma and dbeta over this replica's rows (the gradient reduction
         adds them up).
+        - ``out`` (every backend takes it): (dgamma, dbeta) arrays to write them into (the model's flat
+          gradient buffer), returned then.
         - ``sync``: dx uses the sums over every replica (``sync.backward_sums``).
         - ``relu_y`` (only where `fuses_relu`): the output of the ReLU the forward applied (relu=True);
           dy is the gradient after that ReLU, and the ReLU's backward happens in the same pass.

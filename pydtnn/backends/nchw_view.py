@@ -27,7 +27,8 @@ IMAGE_KERNELS = {
     "pool2d_backward": ((0,), (), "all"),
     "batchnorm_forward_train": ((0,), (), (0,)),
     "batchnorm_forward_infer": ((0,), (), "all"),
-    "batchnorm_backward": ((0,), ("relu_y",), (0,)),
+    "batchnorm_backward": ((0,), ("relu_y", "addend"), (0,)),
+    "bias_relu_backward": ((0, 1), (), (0,)),
     "relu_forward": ((0,), (), "all"),
     "relu_backward": ((0, 1), (), "all"),
     "add": ((0, 1), (), "all"),
@@ -93,6 +94,10 @@ class NCHWView(Backend):
     @property
     def fuses_relu(self):
         return getattr(self.inner, "fuses_relu", False)
+
+    @property
+    def fuses_conv_relu(self):
+        return getattr(self.inner, "fuses_conv_relu", False)
 
     @property
     def reuses_bn_moments(self):

@@ -1,6 +1,7 @@
 """Fused execution of layers that stay separate in the model: a layer that declares `fuses_next_relu` (a
-BatchNormalization, an AdditionBlock, where the backend's kernels take relu=: `backend.fuses_relu`, the
-CPU's) directly followed by a Relu runs both as one pass over memory.
+BatchNormalization or an AdditionBlock where the backend's kernels take relu=: `backend.fuses_relu`, the
+CPU's and the GPU's; a Conv2D, its bias and ReLU in one pass, where `backend.fuses_conv_relu`: the GPU's)
+directly followed by a Relu runs both as one pass over memory.
 
 The model and its summary keep both layers, with their own names, shapes and (no) parameters. In
 execution the producer computes relu(its result) and hands that array on (`FusedRelu.hand_on`); the Relu's

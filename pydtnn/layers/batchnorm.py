@@ -56,10 +56,9 @@ class BatchNormalization(Layer):
     def forward(self, x, training=False):
         options = self._kernel_options(training)
         if training:
-            y, mean, var, self.ctx = self.backend.batchnorm_forward_train(x, self.gamma, self.beta, self.epsilon,
-                                                                          **options)
-            rows = x.size // x.shape[self.backend.channel_axis if x.ndim == 4 else 1]
-            self._update_running_statistics(mean, var, rows if self.sync is None else self.sync.count)
+            # the running statistics are updated by the kernels (on the GPU, inside the finalize kernel)
+            y, _, _, self.ctx = self.backend.batchnorm_forward_train(
+                x, self.gamma, self.beta, self.epsilon, running=(self.mean, self.var, self.momentum), **options)
         else:
             self.ctx, self.x = None, x      # kept so that a frozen (inference-mode) BN can back-propagate
             y = self.backend.batchnorm_forward_infer(x, self.gamma, self.beta, self.mean, self.var, self.epsilon,
@@ -80,13 +79,6 @@ class BatchNormalization(Layer):
             options["known"] = known
         return options
 
-    def _update_running_statistics(self, mean, var, count):
-        m = self.momentum
-        self.mean *= m
-        self.mean += (1 - m) * mean
-        self.var *= m
-        self.var += (1 - m) * var * (count / max(count - 1, 1))
-
     def batch_moments(self):
         """(mean, biased variance), float64, of the last training forward's batch, where the backend keeps
         them (`reuses_bn_moments`) and the statistics were this replica's own; else None."""
@@ -106,9 +98,8 @@ class BatchNormalization(Layer):
         options = {} if relu_y is None else {"relu_y": relu_y}
         if addend is not None:
             options["addend"] = addend
-        dx, dgamma, dbeta = self.backend.batchnorm_backward(dy, self.ctx, sync=self.sync, **options)
-        self.dgamma[...] = dgamma
-        self.dbeta[...] = dbeta
+        dx, _, _ = self.backend.batchnorm_backward(dy, self.ctx, sync=self.sync, out=(self.dgamma, self.dbeta),
+                                                   **options)
         return dx
 
     def _backward_frozen(self, dy):

@@ -78,16 +78,25 @@ class Conv2D(Layer):
             specs["biases"] = ((s.out_channels,), self.biases_initializer, fan_in, fan_out)
         return specs
 
+    # --- declaration for the execution passes (pydtnn/execution/) ---------------------------------------
+    def fuses_next_relu(self):
+        """A Relu right after this convolution runs in its bias pass where the backend takes relu=."""
+        return bool(getattr(self.backend, "fuses_conv_relu", False))
+
     def forward(self, x, training=False):
+        fused = self.fused_relu is not None
         y, self.ctx = self.backend.conv2d_forward(x, self.weights, self.biases if self.use_bias else None,
-                                                  self.spec)
-        return y
+                                                  self.spec, **({"relu": True} if fused else {}))
+        return self.fused_relu.hand_on(y) if fused else y               # y is relu(conv(x) + b) there
 
     def backward(self, dy):
-        dw, db = self.backend.conv2d_backward_weights(dy, self.ctx, self.spec, self.use_bias)
-        self.dw[...] = dw
-        if self.use_bias:
-            self.db[...] = db
+        db = self.db if self.use_bias else None
+        with_bias = self.use_bias
+        if self.fused_relu is not None:     # dy arrives after the fused Relu: its mask and the bias's gradient first
+            dy, _ = self.backend.bias_relu_backward(dy, self.fused_relu.y, db_out=db)
+            with_bias = False
+        self.backend.conv2d_backward_weights(dy, self.ctx, self.spec, with_bias,
+                                             out=(self.dw, db if with_bias else None))
         if not self.input_grad_needed:
             return None
         return self.backend.conv2d_backward_data(dy, self.weights, self.ctx, self.spec)

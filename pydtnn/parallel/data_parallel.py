@@ -105,15 +105,18 @@ class DataParallel:
         """This replica's factor w_i on its mean gradient for a step of `step_sizes`."""
         return self.weights(step_sizes)[self.rank]
 
-    def local_gradients(self, x, y, weight, overlap=True):
+    def local_gradients(self, x, y, weight, overlap=True, sync=True):
         """Forward + backward on this rank's samples, gradients scaled by `weight`; with non_blocking the
-        reduction's buckets start while backward runs (`overlap=False`: a pass that must not communicate)."""
+        reduction's buckets start while backward runs (`overlap=False`: a pass that must not communicate).
+        Nothing waits for the device inside; `sync` waits for it at the end (the step's compute time is
+        measured so); the loss returned is a scalar of the backend (`Backend.read_scalars` reads it)."""
         hook = None
         if self.reducer is not None and overlap:
             self.reducer.start_step()
             hook = self.reducer.ready
         value, y_pred = self.model.compute_gradients(x, y, self.loss, loss_scale=weight, on_grads_ready=hook)
-        self.model.backend.synchronize()
+        if sync:        # the step's compute time is the device's: wait for it (after backward, not inside)
+            self.model.backend.synchronize()
         return value, y_pred
 
     def reduce(self):
@@ -145,7 +148,8 @@ class DataParallel:
             self.reduce()
         with self.timer.phase("update", category="update"):
             self.update()
-        weighted = np.asarray([value] + [f(y_pred, y) for f in metric_fns]) * share
+        # the loss and metrics stayed on the device through the step: one read of them all, at its end
+        weighted = self.model.backend.read_scalars([value] + [f(y_pred, y) for f in metric_fns]) * share
         mine = StepRecord.of_replica(self.rank, self.nreplicas, weighted, self.timer.step_compute_s / b_i,
                                      self.timer.step_wait_s,      # not the wait of this record's own reduction
                                      data_error=data_error, **(flags() if flags is not None else {}))

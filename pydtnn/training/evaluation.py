@@ -25,8 +25,8 @@ def evaluate_split(model, split, comm, loss, metric_names, metric_fns, batch_siz
             break
         y = model.backend.asarray(as_targets(labels, model.output_shape[-1], model.dtype))
         y_pred = model.forward(x, training=False)
-        values = [loss(y_pred, y)[0]] + [f(y_pred, y) for f in metric_fns]
-        sums[:-2] += np.asarray(values) * len(idx)
+        values = model.backend.read_scalars([loss(y_pred, y)[0]] + [f(y_pred, y) for f in metric_fns])
+        sums[:-2] += values * len(idx)
         sums[-2] += len(idx)
     comm.allreduce_sum_(sums)
     if sums[-1] > 0:

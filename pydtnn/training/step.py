@@ -2,7 +2,9 @@
 
 Around the protocol (forward + backward, reduction, update, the step's record reduction) this adds what
 only the launcher's loop has: this rank's batch of the epoch's shared order, taken in the background during
-the previous step (`pydtnn.training.prefetch`); --emulate_speeds (calibrated before the first step, each
+the previous step (`pydtnn.training.prefetch`) and sent on to the device by the backend's input pipeline
+(`Backend.input_pipeline`: on a GPU an asynchronous copy from pinned memory; integer labels travel as they are
+and become one-hot targets there); --emulate_speeds (calibrated before the first step, each
 compute padded to its deadline, the full-speed replicas followed); the loop's metrics; and the agreement on
 a rank that could not read its batch (the flag rides in the step's record, then every rank raises it).
 
@@ -18,7 +20,7 @@ import numpy as np
 from pydtnn.errors import PyDTNNError
 from pydtnn.observe.timeline import PREFETCH
 from pydtnn.parallel.comm import agree_on_error
-from pydtnn.targets import as_targets
+from pydtnn.targets import labels_or_targets
 from pydtnn.training.prefetch import BatchPrefetcher
 
 
@@ -32,27 +34,35 @@ class TrainerStep:
         self.emulator, self.emulate_reference = emulator, list(emulate_reference)
         self.span = span
         self.nclasses = model.output_shape[-1]        # classes of (N, K) or per-position (N, T, K) outputs
+        self.inputs = model.backend.input_pipeline()
         self.prefetcher = BatchPrefetcher(self.take)
         self._side_depth = 0
 
     # --- this rank's batch ------------------------------------------------------------------------------
     def take(self, indices, epoch):
-        """The batch of `indices` (host arrays), in this thread or the prefetcher's."""
+        """The batch of `indices`, in this thread or the prefetcher's, handed to the input pipeline: its ticket."""
         background = threading.current_thread() is not threading.main_thread()
         with self.span("prefetch" if background else "take batch", "data", tid=PREFETCH if background else 0,
                        samples=len(indices)):
             x, labels = self.dataset.train.take(indices, epoch=epoch)
-            return x, as_targets(labels, self.nclasses, self.model.dtype)
+            return self.inputs.put(x, labels_or_targets(labels, self.nclasses, self.model.dtype))
+
+    def targets(self, y):
+        """The loss's targets from what travelled: integer labels one-hot encoded on the backend."""
+        if np.issubdtype(y.dtype, np.integer):
+            return self.model.backend.one_hot(y, self.nclasses)
+        return y
 
     def batch(self, indices, epoch, next_indices):
-        """This step's batch, or (when this rank cannot read it: a corrupt shard) zeros of its shape and
-        the error, which the step's record reduction then makes every rank's."""
+        """This step's batch as a ticket of the input pipeline, or (when this rank cannot read it: a corrupt
+        shard) one of zeros of its shape, and the error, which the step's record reduction then makes every
+        rank's."""
         try:
             return self.prefetcher.get(indices, epoch, next_indices), None
         except PyDTNNError as e:
             n, first = len(indices), self.model.layers[0]
             x = np.zeros((n,) + tuple(self.model.input_shape), np.int64 if getattr(first, "ids", False) else np.float32)
-            return (x, np.zeros((n,) + tuple(self.model.output_shape), self.model.dtype)), e
+            return self.inputs.put(x, np.zeros((n,) + tuple(self.model.output_shape), self.model.dtype)), e
 
     # --- passes that leave no trace ---------------------------------------------------------------------
     @contextlib.contextmanager
@@ -106,12 +116,14 @@ class TrainerStep:
         """The step on this rank's `indices` of a step of `step_sizes`; returns the agreed StepRecord.
         `flags()`: this rank's preemption flags (`DataParallel.step`)."""
         with self.dp.timer.phase("data", category="data"):
-            (x, y_host), data_error = self.batch(indices, epoch, next_indices)
-        y = self.model.backend.asarray(y_host)          # one copy to the device
+            ticket, data_error = self.batch(indices, epoch, next_indices)
+            x, y = self.inputs.get(ticket)
+            y = self.targets(y)
         weight = self.dp.weight(step_sizes)
         self.calibrate_emulation(x, y, weight)          # before the step's timer: not its compute
         record = self.dp.step(x, y, weight, len(indices) / sum(step_sizes), gradients=self.local_gradients,
                               metric_fns=self.metric_fns, data_error=data_error is not None, flags=flags)
+        self.inputs.done(ticket)
         if record.data_error:
             agree_on_error(self.dp.comm, data_error, "another rank could not read its batch")
         if self.emulator.active and self.emulate_reference:

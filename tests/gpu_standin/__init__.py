@@ -19,14 +19,14 @@ import sys
 from . import fake_cudnn, fake_cupy
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
-_NAMES = ("cupy", "cupy.cuda", "cupy.cuda.runtime", "cupy.cuda.nccl", "cupy._core",
+_NAMES = ("cupyx", "cupy", "cupy.cuda", "cupy.cuda.runtime", "cupy.cuda.nccl", "cupy._core",
           "cupy._core._routines_linalg", "cudnn")
 
 
 def _install():
     """Put the stand-ins in sys.modules and the legacy cuDNN stand-in behind load_libcudnn; returns
     what to restore."""
-    import pydtnn.backends.gpu.cudnn as cudnn_glue
+    import pydtnn.backends.gpu.cudnn.library as cudnn_glue
     saved = {name: sys.modules.get(name, _MISSING) for name in _NAMES}
     saved["load_libcudnn"] = cudnn_glue.load_libcudnn
     modules = fake_cupy.build_modules()
@@ -41,7 +41,7 @@ _MISSING = object()
 
 
 def _restore(saved):
-    import pydtnn.backends.gpu.cudnn as cudnn_glue
+    import pydtnn.backends.gpu.cudnn.library as cudnn_glue
     cudnn_glue.load_libcudnn = saved.pop("load_libcudnn")
     for name, mod in saved.items():
         if mod is _MISSING:

@@ -21,6 +21,8 @@ import weakref
 
 import numpy as np
 
+from . import counters
+
 _ROOTS: dict[int, weakref.ref] = {}       # id -> a live NumPy array that owns a device allocation
 
 
@@ -116,11 +118,14 @@ class DeviceArray:
         self = object.__new__(cls)
         self._a = a
         _register(a)
+        if a.base is None:
+            counters.record("alloc")
         return self
 
     def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
         self._a = np.empty(shape, dtype=dtype, order=order)
         _register(self._a)
+        counters.record("alloc")
 
     # --- what NumPy must not do implicitly ---------------------------------------------------------
     def __array__(self, dtype=None, copy=None):
@@ -135,6 +140,7 @@ class DeviceArray:
         if out:
             kwargs["out"] = tuple(unwrap_nested(a) for a in out)
         result = getattr(ufunc, method)(*inputs, **kwargs)
+        counters.record("cublas" if ufunc.__name__ == "matmul" else "launch", ufunc.__name__)
         if out:
             return out[0] if len(out) == 1 else out
         return wrap(result)
@@ -143,10 +149,12 @@ class DeviceArray:
         refuse_host(f"numpy.{func.__name__}", args + tuple(kwargs.values()))
         out = kwargs.get("out")
         result = func(*unwrap_nested(args), **{k: unwrap_nested(v) for k, v in kwargs.items()})
+        count_result(func.__name__, result, out)
         return out if isinstance(out, DeviceArray) else wrap(result)
 
     # --- CuPy's host transfers ---------------------------------------------------------------------
     def get(self, stream=None, order="C", out=None):
+        counters.record("d2h_async" if stream is not None and out is not None and counters.is_pinned(out) else "d2h")
         host = np.array(self._a, copy=True, order=order)
         if out is not None:
             out[...] = host
@@ -158,6 +166,7 @@ class DeviceArray:
             raise TypeError(f"Only numpy.ndarray can be set to cupy.ndarray, got {type(arr).__name__}")
         if arr.shape != self._a.shape or arr.dtype != self._a.dtype:
             raise ValueError(f"set: shape/dtype mismatch {arr.shape} {arr.dtype} vs {self._a.shape} {self._a.dtype}")
+        count_h2d(arr, stream)
         self._a[...] = arr
 
     @property
@@ -175,12 +184,14 @@ class DeviceArray:
     def fill(self, value):
         if isinstance(value, np.ndarray) and value.ndim:
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
+        counters.record("launch", "fill")
         self._a.fill(to_base(value) if isinstance(value, DeviceArray) else value)
 
     def __getattr__(self, name):
         if name in _PROPERTIES:
             return getattr(self._a, name)
         if name in _HOST_METHODS:
+            counters.record("d2h")
             return getattr(self._a, name)
         if name in _METHODS:
             method = getattr(self._a, name)
@@ -189,6 +200,7 @@ class DeviceArray:
                 refuse_host(f"cupy.ndarray.{name}", args + tuple(kwargs.values()))
                 out = kwargs.get("out")
                 result = method(*unwrap_nested(args), **{k: unwrap_nested(v) for k, v in kwargs.items()})
+                count_result(name, result, out)
                 return out if isinstance(out, DeviceArray) else wrap(result)
             device_method.__name__ = name
             return device_method
@@ -204,6 +216,7 @@ class DeviceArray:
                              f"{value.shape} to device memory: CuPy refuses it, use cupy.asarray first)")
         if isinstance(value, (list, tuple)):
             raise TypeError("assigning a Python sequence to device memory: CuPy refuses it, use cupy.asarray first")
+        counters.record("launch", "setitem")
         self._a[_index(key)] = to_base(value)
 
     def __len__(self):
@@ -214,15 +227,19 @@ class DeviceArray:
 
     # --- conversions to host scalars (a synchronization in CuPy) -----------------------------------
     def __float__(self):
+        counters.record("d2h")
         return float(self._a)
 
     def __int__(self):
+        counters.record("d2h")
         return int(self._a)
 
     def __complex__(self):
+        counters.record("d2h")
         return complex(self._a)
 
     def __bool__(self):
+        counters.record("d2h")
         return bool(self._a)
 
     def __repr__(self):
@@ -235,21 +252,26 @@ class DeviceArray:
         return format(self._a, spec)
 
     def __neg__(self):
+        counters.record("launch", "neg")
         return wrap(-self._a)
 
     def __pos__(self):
+        counters.record("launch", "pos")
         return wrap(+self._a)
 
     def __abs__(self):
+        counters.record("launch", "abs")
         return wrap(abs(self._a))
 
     def __invert__(self):
+        counters.record("launch", "invert")
         return wrap(~self._a)
 
 
 def _binary(op, name, reflected=False):
     def method(self, other):
         other = _operand(f"cupy.ndarray.{name}", other)
+        counters.record("cublas" if "matmul" in name else "launch", name)
         return wrap(op(other, self._a) if reflected else op(self._a, other))
     method.__name__ = name
     return method
@@ -257,6 +279,7 @@ def _binary(op, name, reflected=False):
 
 def _inplace(op, name):
     def method(self, other):
+        counters.record("cublas" if "matmul" in name else "launch", name)
         op(self._a, _operand(f"cupy.ndarray.{name}", other))
         return self
     method.__name__ = name
@@ -274,6 +297,31 @@ for _name, _op in (("add", operator.add), ("sub", operator.sub), ("mul", operato
 for _name, _op in (("lt", operator.lt), ("le", operator.le), ("gt", operator.gt), ("ge", operator.ge),
                    ("eq", operator.eq), ("ne", operator.ne)):
     setattr(DeviceArray, f"__{_name}__", _binary(_op, f"__{_name}__"))
+
+
+_NO_KERNEL = {"empty", "empty_like"}        # allocation only
+_CUBLAS = {"matmul", "dot", "tensordot", "inner", "vdot", "einsum"}
+
+
+def count_result(name, result, out) -> None:
+    """A CuPy operation launches a kernel when it writes memory: into `out`, or into a fresh result (a view,
+    such as reshape or transpose, writes nothing)."""
+    if name in _NO_KERNEL:
+        return
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    fresh = any(isinstance(r, np.ndarray) and r.base is None or isinstance(r, np.generic) for r in results)
+    if out is not None or fresh:
+        counters.record("cublas" if name in _CUBLAS else "launch", name)
+
+
+def count_h2d(host, stream=None) -> None:
+    """A host-to-device copy: asynchronous from pinned memory on a stream, else a blocking pageable copy."""
+    if stream is not None and counters.is_pinned(host):
+        counters.record("h2d_pinned")
+        return
+    counters.record("h2d_pageable")
+    if counters.on_main_thread():
+        counters.record("h2d_pageable_main")
 
 
 def live_roots():

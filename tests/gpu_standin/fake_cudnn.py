@@ -15,7 +15,9 @@ So that mistakes of plan choice show in results, as they would on a GPU, plans d
   largest value, over strict fp32's 1e-5); plans sum in different orders (so two plans differ in the last
   bits), and a NONDETERMINISTIC plan in a different order on every call;
 - timings: each execution advances the CuPy stand-in's event clock by the plan's cost times a random
-  factor (0.7..1.3), so an autotuning process may pin any of the plans that come close;
+  factor (1 +- SETTINGS["noise"], 0.3 by default), so single timings mislead and medians do not;
+- a Winograd wgrad plan without any Winograd numerical note, as cuDNN 9.19 ran on the H200 under a
+  note filter that deselected every Winograd note (why "fp32_strict" runs on the legacy API);
 - building: like Frontend 1.32's graphs, a deselected plan raises RuntimeError from build_plan_at_index
   (cuDNN's "Deselecting execution plan"); one plan of every graph fails to build with a RuntimeError, one
   declines (cudnnGraphNotSupportedError) where its engine does not apply; `build_plans()` walks the list
@@ -37,11 +39,12 @@ import types
 import numpy as np
 
 from pydtnn.backends import ConvSpec
-from . import device_memory, fake_cupy
+from . import counters, device_memory, fake_cupy
 
 FRONTEND_CALLS: list[tuple] = []
 LEGACY_CALLS: list[tuple] = []
-SETTINGS = {"mode": os.environ.get("PYDTNN_STANDIN_FRONTEND", "ok"), "decline_double": False}
+SETTINGS = {"mode": os.environ.get("PYDTNN_STANDIN_FRONTEND", "ok"), "decline_double": False,
+            "noise": 0.3}     # an execution takes its plan's cost times uniform(1 - noise, 1 + noise)
 WORKSPACE_BYTES = 4096              # per plan index (plan i asks for (i + 1) times this)
 _RANDOM = random.Random()           # timings and non-deterministic orders: different in every process
 _CPU = {}
@@ -214,6 +217,8 @@ def _plans(op, io, spec) -> list:
         plans.append(Plan("winograd", [n.WINOGRAD, n.WINOGRAD_TILE_4x4], "winograd", 0.15,
                           build="ok" if winograd_ok else "decline"))
         plans.append(Plan("fft", [n.FFT], "fft", 0.20, build="ok" if spec.groups == 1 else "decline"))
+        if op == "wgrad":       # as on the H200: a Winograd wgrad engine whose plans carry no Winograd note
+            plans.append(Plan("winograd_nonfused", [], "winograd", 0.14, build="ok" if winograd_ok else "decline"))
     if op != "fprop":
         plans.append(Plan("atomics", [n.NONDETERMINISTIC], "nondeterministic", 0.12))
     plans.append(Plan("split", [], "split", 0.25))
@@ -397,8 +402,12 @@ class pygraph:  # noqa: N801
         view = {t: device_memory.view(pack[t], t.dim, t.stride, np_dt, f"{kind} tensor {t.name}")
                 for t in (a, b, out)}
         plan = self.plans[index]
-        FRONTEND_CALLS.append(("execute", kind, tuple(out.dim), index, plan.name))
-        fake_cupy.advance_clock(plan.cost * _RANDOM.uniform(0.7, 1.3))
+        FRONTEND_CALLS.append(("execute", kind, tuple(out.dim), index, plan.name, pack[a]))   # + first input's address
+        fake_cupy.advance_clock(plan.cost * _RANDOM.uniform(1 - SETTINGS["noise"], 1 + SETTINGS["noise"]))
+        counters.record("cudnn", kind)
+        if not counters.SETTINGS["execute"]:
+            view[out][...] = 0
+            return
         if kind == "fprop":
             res = conv_emulated(plan.kind, "fprop", self.spec, np_dt, x=view[a], w=view[b])
         elif kind == "dgrad":
@@ -661,6 +670,13 @@ class LegacyLibrary:
                   for p, s, i in zip((ap, bp, outp), shapes, (3, 5, 12))]
         LEGACY_CALLS.append((fname, cv["math"], algo))
         kind = _legacy_kind(op, algo, cv["math"], dt)
+        tensor_op = cv["math"] in (1, 2)
+        cost = next((c for a, m, _d, _k, c in _LEGACY_ALGOS[op] if a == algo and (m in (1, 2)) == tensor_op), 0.3)
+        fake_cupy.advance_clock(cost * _RANDOM.uniform(1 - SETTINGS["noise"], 1 + SETTINGS["noise"]))
+        counters.record("cudnn", op)
+        if not counters.SETTINGS["execute"]:
+            arrays[2][...] = 0
+            return 0
         if op == "fprop":
             res = conv_emulated(kind, op, spec, dt, x=arrays[0], w=arrays[1])
         elif op == "dgrad":

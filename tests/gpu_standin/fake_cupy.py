@@ -15,8 +15,8 @@ import types
 
 import numpy as np
 
-from . import fake_nccl
-from .device_memory import DeviceArray, refuse_host, to_base, unwrap_nested, wrap
+from . import counters, fake_nccl
+from .device_memory import DeviceArray, count_h2d, count_result, refuse_host, to_base, unwrap_nested, wrap
 from .host_kernels import RawModule
 
 VERSION = "14.2.0"          # the CuPy the device machine has; parallel/nccl.py reads the major
@@ -37,6 +37,7 @@ def _to_device(a, dtype=None, order="K"):
     """A fresh device copy of host data (or a device array, converted only when needed)."""
     if isinstance(a, DeviceArray):
         return a if dtype is None or a.dtype == np.dtype(dtype) else a.astype(dtype)
+    count_h2d(a)
     return wrap(np.array(a, dtype=dtype, order=order, copy=True))
 
 
@@ -45,6 +46,10 @@ def asarray(a, dtype=None, order=None):
 
 
 def array(a, dtype=None, copy=True, order="K", ndmin=0):
+    if isinstance(a, DeviceArray):
+        counters.record("launch", "copy")
+    else:
+        count_h2d(a)
     return wrap(np.array(to_base(a), dtype=dtype, copy=True, order=order, ndmin=ndmin))
 
 
@@ -52,6 +57,7 @@ def ascontiguousarray(a, dtype=None):
     if isinstance(a, DeviceArray):
         if a.flags.c_contiguous and a.ndim >= 1 and (dtype is None or np.dtype(dtype) == a.dtype):
             return a                            # as CuPy: the same object, no copy
+        counters.record("launch", "copy")
         return wrap(np.ascontiguousarray(to_base(a), dtype=dtype))
     return _to_device(np.ascontiguousarray(a, dtype=dtype))
 
@@ -67,6 +73,7 @@ def _numpy_function(name):
         refuse_host(f"cupy.{name}", args + tuple(kwargs.values()))
         out = kwargs.get("out")
         result = f(*unwrap_nested(args), **{k: unwrap_nested(v) for k, v in kwargs.items()})
+        count_result(name, result, out)
         return out if isinstance(out, DeviceArray) else wrap(result)
     device_function.__name__ = name
     return device_function
@@ -92,6 +99,7 @@ class Device:
         _State.current_device = self._previous
 
     def synchronize(self):
+        counters.record("sync")
         CALLS.append(("synchronize", self.id))
 
     @property
@@ -121,6 +129,7 @@ class Stream:
         self.device_id = _State.current_device
 
     def synchronize(self):
+        counters.record("sync")
         CALLS.append(("stream_synchronize", self.ptr))
 
     def wait_event(self, event):
@@ -150,7 +159,7 @@ class Event:
         CALLS.append(("record", (stream or _NULL_STREAM).ptr, id(self)))
 
     def synchronize(self):
-        pass
+        counters.record("sync")
 
     @property
     def done(self):
@@ -174,7 +183,10 @@ def get_elapsed_time(start, end):
 def _runtime_module():
     rt = types.ModuleType("cupy.cuda.runtime")
     rt.getDeviceCount = _device_count
-    rt.deviceSynchronize = lambda: CALLS.append(("deviceSynchronize",))
+    def device_synchronize():
+        counters.record("sync")
+        CALLS.append(("deviceSynchronize",))
+    rt.deviceSynchronize = device_synchronize
     rt.runtimeGetVersion = lambda: 13000
     rt.driverGetVersion = lambda: 13000
     rt.getDeviceProperties = lambda i: {"name": b"stand-in (host)", "uuid": bytes([int(i)] * 16),
@@ -220,6 +232,11 @@ class _CupyModule(types.ModuleType):
         raise AttributeError(f"module 'cupy' (stand-in) has no attribute {name!r}")
 
 
+def _zeroed(a):
+    a[...] = 0
+    return a
+
+
 def build_modules() -> dict:
     cupy = _CupyModule("cupy", __doc__)
     cupy.__version__ = VERSION
@@ -243,8 +260,12 @@ def build_modules() -> dict:
     cuda.nccl = fake_nccl.build_module()
     cupy.cuda = cuda
 
+    cupyx = types.ModuleType("cupyx")
+    cupyx.empty_pinned = counters.empty_pinned
+    cupyx.zeros_pinned = lambda shape, dtype=float, order="C": _zeroed(counters.empty_pinned(shape, dtype, order))
+
     core = types.ModuleType("cupy._core")
     core._routines_linalg = _linalg_module()
     cupy._core = core
-    return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": cuda.runtime, "cupy.cuda.nccl": cuda.nccl,
+    return {"cupyx": cupyx, "cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": cuda.runtime, "cupy.cuda.nccl": cuda.nccl,
             "cupy._core": core, "cupy._core._routines_linalg": core._routines_linalg}

@@ -227,7 +227,10 @@ class CPUBackend(DirectConvKernels, DepthwiseConvKernels, WinogradConvKernels, P
             return self._winograd_backward_data(dy, w, dx, spec)
         return self._direct_backward_data(dy, w, dx, spec)
 
-    def conv2d_backward_weights(self, dy, ctx, spec: ConvSpec, with_bias: bool):
+    def conv2d_backward_weights(self, dy, ctx, spec: ConvSpec, with_bias: bool, out=None):
+        return self.into(self._conv2d_backward_weights(dy, ctx, spec, with_bias), out)
+
+    def _conv2d_backward_weights(self, dy, ctx, spec: ConvSpec, with_bias: bool):
         (x,) = ctx
         dy = self._c(dy)
         n, h, wd, c, ho, wo = self._conv_geometry(x, spec, "conv2d_backward_weights")

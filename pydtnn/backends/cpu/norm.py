@@ -136,7 +136,8 @@ class BatchNormKernels:
             x = xf.reshape(x.shape)
         return x, xf, ldx, x.size // max(c, 1), c
 
-    def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None, relu=False, known=None):
+    def batchnorm_forward_train(self, x, gamma, beta, eps: float, sync=None, center=None, relu=False, known=None,
+                                running=None):
         """`known`: (mean, biased variance), float64, of x's last len(mean) channels in this batch; only the
         channels in front of them are summed. Not with `sync` (the global moments come from one collective)."""
         x, xf, ldx, m, c = self._bn_2d(x, gamma, "batchnorm_forward_train")
@@ -161,7 +162,10 @@ class BatchNormKernels:
         POOL.run(bn_affine, nt, xf, ldx, xf, self._vec(mean), self._vec(mean), fk2, fk3, y.reshape(-1),
                  x.size // c, c, False, fk2, fk3, relu, xf, ldx, False)
         ctx = (x, mean, invstd, g, m, (fk2, fk3) if relu else None, var)     # the fused ReLU's mask, from x
-        return y, mean.astype(self.dtype), var.astype(self.dtype), ctx
+        mean, var = mean.astype(self.dtype), var.astype(self.dtype)
+        if running is not None:
+            self.update_running_stats(running, mean, var, m)
+        return y, mean, var, ctx
 
     def _bn_moments(self, xf, ldx, m, c, nt, sync, center):
         """Per-channel (mean, biased variance, count) of m rows of c values (row r at xf[r * ldx]), float64,
@@ -191,7 +195,7 @@ class BatchNormKernels:
                  self._vec(beta), y.reshape(-1), m, c, False, mu, mu, relu, xf, ldx, False)
         return y
 
-    def batchnorm_backward(self, dy, ctx, sync=None, relu_y=None, addend=None):
+    def batchnorm_backward(self, dy, ctx, sync=None, relu_y=None, addend=None, out=None):
         """With `relu_y` (the fused ReLU's output), dy is the gradient after that ReLU. Its mask is recomputed
         from x with the forward's float32 coefficients when the forward ran fused (one array less to read).
         `addend` (x's shape) is added to dx in the same pass: another path's gradient of x."""
@@ -225,4 +229,4 @@ class BatchNormKernels:
         af, lda = (dyf, c) if addend is None else self._rows(addend)
         POOL.run(bn_affine, nt, xf, ldx, dyf, mu, self._vec(k1), self._vec(k2), self._vec(k3),
                  dx.reshape(-1), m, c, True, fk2, fk3, relu, af, lda, addend is not None)
-        return dx, dgamma, dbeta
+        return (dx,) + self.into((dgamma, dbeta), out)

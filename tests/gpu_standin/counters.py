@@ -1,0 +1,118 @@
+"""What a step does on the device, counted by the stand-in: proxies of a GPU step's cost that need no GPU.
+
+A GPU step's time beyond its kernels is host work and waiting: every kernel launch costs microseconds of
+Python and driver time, every allocation a trip through CuPy's memory pool, every synchronization stalls the
+host until the device drains, and a pageable host-to-device copy blocks the thread that makes it. These
+counts are deterministic (they do not depend on the values computed), so tests can pin them.
+
+Kinds counted (`Counts.n`):
+- "launch": a kernel of ours: a RawModule kernel, or a CuPy array operation that writes device memory (a
+  ufunc, a reduction, a copy, a fill, an indexed assignment...; a view is free);
+- "cudnn", "cublas": NVIDIA's kernels (convolutions; matrix products);
+- "alloc": a device allocation (an array with fresh memory; views are free);
+- "sync": an explicit synchronization (device, stream or event);
+- "d2h": a blocking device-to-host read (`get()` without a stream, `float()`, `int()`, `bool()`, `item()`...);
+  "d2h_async": `get(stream=..., out=pinned)`;
+- "h2d_pageable" (and "h2d_pageable_main" when on the main thread): a copy from ordinary host memory, which
+  blocks the thread; "h2d_pinned": `set(pinned, stream=...)`, asynchronous on that stream.
+`Counts.kernels` lists "kind:name" of every launch in order (steps of one static shape should repeat it).
+"sync_main" and "d2h_main" count those of the main thread alone (the prefetch thread may wait for its own
+copies without stalling the steps). `phase(name)` counts what the thread that entered it does inside it
+separately (`Counts.phases[name]`).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter
+
+KERNEL_KINDS = ("launch", "cudnn", "cublas")
+# execute=False: kernels and cuDNN calls are checked and counted but not computed (their outputs keep
+# whatever memory held), so counting a large model's step costs no compute; CuPy operations still compute
+SETTINGS = {"execute": True}
+
+
+class Counts:
+    def __init__(self):
+        self.n = Counter()
+        self.kernels: list[str] = []
+        self.phases: dict[str, Counter] = {}
+        self._phase = None
+        self._phase_thread = None
+
+    def record(self, kind: str, name: str = "") -> None:
+        self.n[kind] += 1
+        main = on_main_thread()
+        if kind in ("sync", "d2h") and main:
+            self.n[kind + "_main"] += 1
+        if kind in KERNEL_KINDS:
+            self.kernels.append(f"{kind}:{name}")
+        if self._phase is not None and threading.get_ident() == self._phase_thread:
+            self.phases[self._phase][kind] += 1
+
+
+ACTIVE = Counts()
+
+
+def record(kind: str, name: str = "") -> None:
+    ACTIVE.record(kind, name)
+
+
+def on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def counting():
+    """Fresh counts for the block: `with counting() as c: ...; c.n["launch"]`."""
+    global ACTIVE
+    saved, ACTIVE = ACTIVE, Counts()
+    try:
+        yield ACTIVE
+    finally:
+        ACTIVE = saved
+
+
+@contextlib.contextmanager
+def dry():
+    """Kernels and cuDNN calls counted, not computed, for the block (counts do not depend on values)."""
+    saved, SETTINGS["execute"] = SETTINGS["execute"], False
+    try:
+        yield
+    finally:
+        SETTINGS["execute"] = saved
+
+
+@contextlib.contextmanager
+def phase(name: str):
+    """Count what happens inside the block under `name` as well."""
+    counts = ACTIVE
+    counts.phases.setdefault(name, Counter())
+    outer = counts._phase, counts._phase_thread
+    counts._phase, counts._phase_thread = name, threading.get_ident()
+    try:
+        yield counts.phases[name]
+    finally:
+        counts._phase, counts._phase_thread = outer
+
+
+# ------------------------------------------------------------------------------------- pinned host memory
+
+_PINNED: dict[int, tuple[int, object]] = {}     # start address -> (nbytes, the array: kept alive)
+
+
+def empty_pinned(shape, dtype=float, order="C"):
+    """`cupyx.empty_pinned`: a NumPy array in page-locked memory (here: registered as such)."""
+    import numpy as np
+    a = np.empty(shape, dtype=dtype, order=order)
+    _PINNED[a.__array_interface__["data"][0]] = (a.nbytes, a)
+    return a
+
+
+def is_pinned(a) -> bool:
+    """Whether host array `a` lies inside memory from `empty_pinned`."""
+    import numpy as np
+    if not isinstance(a, np.ndarray):
+        return False
+    ptr = a.__array_interface__["data"][0]
+    return any(start <= ptr and ptr + a.nbytes <= start + nbytes for start, (nbytes, _) in _PINNED.items())
