@@ -98,11 +98,30 @@ dry_stage() {   # a stage in a dry run (no GPU here): what of it can be checked 
             echo "RESULT: would run $(grep -c '::' "$WORK/collect.out") tests, of which" \
                  "$(grep '::' "$WORK/collect.out" | grep -ci standin) stand-in ones" ;;
         nccl)            # the helper's imports, with the PYTHONPATH the two ranks get
-            "$PY" -c "import pydtnn.parallel.comm, pydtnn.parallel.comm.nccl" || return 1 ;;
-        mnist | mixed)
-            [ -f "$MNIST/t10k-images-idx3-ubyte.gz" ] && [ -f "$MNIST/t10k-labels-idx1-ubyte.gz" ] \
-                || { echo "RESULT: MNIST missing at $MNIST"; return 1; } ;;
+            dry_imports pydtnn.parallel.comm pydtnn.parallel.comm.nccl || return 1 ;;
+        versions)
+            dry_imports pydtnn.backends.gpu.backend pydtnn.backends.gpu.cudnn pydtnn.backends.gpu.cudnn.frontend \
+                pydtnn.backends.gpu.cudnn.legacy pydtnn.backends.gpu.kernels || return 1 ;;
+        bench)           # bench_gpu.py's own imports, and its zoo models built on the CPU
+            dry_imports bench_gpu pydtnn.models pydtnn.parallel pydtnn.optimizers || return 1
+            "$PY" -c "from pydtnn import Model; from pydtnn.models import build_model
+for name in ('resnet50_imagenet', 'vgg16_imagenet'): build_model(name, Model(), input_shape=(3, 32, 32))" \
+                || return 1 ;;
+        mnist | mixed | resume)   # the launcher's imports; MNIST is in the repository
+            dry_imports pydtnn.cli pydtnn.datasets pydtnn.models || return 1
+            if [ "$1" != resume ]; then
+                [ -f "$MNIST/t10k-images-idx3-ubyte.gz" ] && [ -f "$MNIST/t10k-labels-idx1-ubyte.gz" ] \
+                    || { echo "RESULT: MNIST missing at $MNIST"; return 1; }
+            fi ;;
     esac
+}
+
+dry_imports() {  # the modules a stage imports, with the check's PYTHONPATH (the checkout, not an install)
+    "$PY" -c "import importlib, sys
+for name in sys.argv[1:]:
+    module = importlib.import_module(name)
+    assert module.__file__.startswith('$REPO/'), f'{name} came from {module.__file__}, not the checkout'
+print('RESULT: imports from the checkout:', ', '.join(sys.argv[1:]))" "$@"
 }
 
 conformance_args() {
@@ -161,7 +180,7 @@ import numpy as np
 from pydtnn.backends import ConvSpec
 from pydtnn.backends.gpu.backend import GPUBackend
 conv = []
-for dtype, precision in (("float32", "fp32"), ("float32", "tf32"), ("float64", "fp32")):
+for dtype, precision in (("float32", "fp32"), ("float32", "tf32"), ("float32", "fp32_strict"), ("float64", "fp32")):
     try:
         be = GPUBackend(dtype=dtype, precision=precision, deterministic=True)
         spec = ConvSpec(16, 32, (3, 3), (2, 2), (1, 1))
@@ -316,7 +335,7 @@ do_mixed() {
 }
 
 export PY OUT WORK MNIST HIST REPO
-export -f conformance_args do_versions do_conformance do_nccl do_mnist do_bench do_resume mixed_job do_mixed dry_stage merge_history
+export -f conformance_args do_versions do_conformance do_nccl do_mnist do_bench do_resume mixed_job do_mixed dry_stage dry_imports merge_history
 limits=""
 total=0
 for s in "${STAGES[@]}"; do

@@ -29,4 +29,4 @@ mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 if (( total > MAX_MIB * 1048576 )); then
     fail "the device run would carry $(mib $total) MiB (tree $(mib $tree) + .gpu_data $(mib $carried)), over the ${MAX_MIB} MiB limit"
 fi
-echo "gpu_check_prepare: ok: the device run carries $(mib $total) MiB (tree $(mib $tree) + .gpu_data $(mib $carried)) of at most ${MAX_MIB} MiB; start it with: bash scripts/gpu_check.sh, carry [\".gpu_data\"], 300 s"
+echo "gpu_check_prepare: ok: the device run carries $(mib $total) MiB (tree $(mib $tree) + .gpu_data $(mib $carried)) of at most ${MAX_MIB} MiB; start it with: bash scripts/gpu_check.sh, carry [\".gpu_data\"], 420 s"

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="bash scripts")
 
 def _dry_run(tmp_path, **env):
     out = tmp_path / "out"
-    full_env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, **{k: str(v) for k, v in env.items()})
+    full_env = dict(os.environ, OUT=str(out), PYTHON=sys.executable)
+    full_env.update({k: str(v) for k, v in env.items()})
     r = subprocess.run(["bash", SCRIPT, "--dry-run"], capture_output=True, text=True, timeout=600, env=full_env)
     assert r.returncode == 0, r.stdout + r.stderr
     return r, out
@@ -98,3 +99,23 @@ def test_check_deadline_plugin_stops_pytest_and_keeps_the_junit_xml(tmp_path):
                         f"--junitxml={xml}", str(tmp_path / "test_two.py")], capture_output=True, text=True,
                        timeout=120, env=env, cwd=str(tmp_path))
     assert r.returncode == 0 and 'tests="2"' in xml.read_text(), r.stdout
+
+
+def test_check_script_imports_from_a_checkout_where_pydtnn_is_not_installed(tmp_path):
+    """On the device the project is not installed (the first run failed at import: `pydtnn.datasets` did not
+    exist there). Here Python runs with -S (no site-packages: no editable install's finder), with this
+    interpreter's site-packages on PYTHONPATH for numpy and the rest: every stage's imports must come from
+    the checkout the script puts first on PYTHONPATH."""
+    import site
+    wrapper = tmp_path / "python-not-installed"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    wrapper.chmod(0o755)
+    sitepkgs = os.pathsep.join(site.getsitepackages())
+    r, out = _dry_run(tmp_path, PYTHON=str(wrapper), PYTHONPATH=sitepkgs)
+    proof = subprocess.run([str(wrapper), "-c", "import pydtnn"], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=sitepkgs), cwd=str(tmp_path))
+    assert proof.returncode != 0 and "No module named 'pydtnn'" in proof.stderr     # really not installed
+    lines = _stage_lines(r.stdout)
+    for name in ("versions", "bench", "mixed", "mnist", "resume", "nccl"):
+        assert "imports from the checkout:" in lines[name], lines[name]
+    assert "pydtnn.datasets, pydtnn.models" in lines["mnist"] and "bench_gpu" in lines["bench"]
