@@ -127,7 +127,7 @@ print('RESULT: imports from the checkout:', ', '.join(sys.argv[1:]))" "$@"
 conformance_args() {
     # the hardware parameters only (the stand-in glue tests run in CI), the GPU backend's own tests first;
     # NCCL has its own stage; the pip resolution of the GPU extras needs a network the device lacks
-    CONFORMANCE=(-k "gpu and not standin" --deselect "tests/backends/test_gpu_backend.py::test_nccl_comm_single_rank[gpu]"
+    CONFORMANCE=(-k "gpu and not standin and not glue" --deselect "tests/backends/test_gpu_backend.py::test_nccl_comm_single_rank[gpu]"
                  --ignore tests/backends/test_gpu_extras.py tests/backends/test_gpu_backend.py tests)
 }
 
