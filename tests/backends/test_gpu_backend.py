@@ -340,7 +340,8 @@ def test_pooling_matches_cpu(case, kind, integers, dtype):
     assert rel_err(be.to_numpy(dx), dx_ref) < TOL[dtype]
 
 
-BN_SHAPES = [(4, 3, 5, 6), (8, 7), (16, 64, 14, 14), (32, 1000)]
+# small planes (element-wise passes), and planes of >= 256 values (a block a plane chunk: 1 and 2 chunks)
+BN_SHAPES = [(4, 3, 5, 6), (8, 7), (16, 64, 14, 14), (32, 1000), (2, 3, 17, 19), (3, 2, 40, 41)]
 
 
 @gpu_only
@@ -371,6 +372,33 @@ def test_batchnorm_matches_cpu(shape, dtype):
         err = rel_err(be.to_numpy(g), r)
         assert err < TOL[dtype], f"{name}: relative error {err:.2e}"
         assert be.to_numpy(g).dtype == np.dtype(dtype), name
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (3, 2, 40, 41)], ids=["small-planes", "large-planes"])
+def test_batchnorm_fused_relu_addend_and_running_stats_equal_the_separate_passes(shape, dtype):
+    """relu=, relu_y=, addend= and running= do in the kernels' passes exactly what the separate operations
+    do: the same bits (the ReLU's mask is recomputed from x with the forward's very expression)."""
+    be = _gpu(dtype)
+    c = shape[1]
+    x, dy, addend = (be.asarray(data(shape, dtype, s)) for s in (31, 32, 33))
+    gamma, beta = be.asarray(data((c,), dtype, 34)), be.asarray(data((c,), dtype, 35))
+    run_f = [be.asarray(np.abs(data((c,), dtype, 36))), be.asarray(np.abs(data((c,), dtype, 37)) + 0.5)]
+    run_s = [a.copy() for a in run_f]
+    y_f, _, _, ctx_f = be.batchnorm_forward_train(x, gamma, beta, 1e-5, relu=True, running=(*run_f, 0.9))
+    y_s, m_s, v_s, ctx_s = be.batchnorm_forward_train(x, gamma, beta, 1e-5)
+    be.update_running_stats((*run_s, 0.9), m_s, v_s, x.size // c)
+    relu_y = be.relu_forward(y_s)
+    assert np.array_equal(be.to_numpy(y_f), be.to_numpy(relu_y))
+    for a, b in zip(run_f, run_s):
+        assert np.array_equal(be.to_numpy(a), be.to_numpy(b))
+    out = (be.xp.empty(c, be.dtype), be.xp.empty(c, be.dtype))
+    dx_f, dg_f, db_f = be.batchnorm_backward(dy, ctx_f, relu_y=y_f, addend=addend, out=out)
+    dx_s, dg_s, db_s = be.batchnorm_backward(be.relu_backward(dy, relu_y), ctx_s)
+    assert dg_f is out[0] and db_f is out[1]
+    for a, b in ((dx_f, dx_s + addend), (dg_f, dg_s), (db_f, db_s)):
+        assert np.array_equal(be.to_numpy(a), be.to_numpy(b))
 
 
 @gpu_only

@@ -26,9 +26,11 @@ class BatchNormOps:
     """Mixed into `GPUBackend`."""
     fuses_relu = True            # relu= / relu_y=: a following ReLU runs inside the normalization's passes
 
-    def _slices(self, c, m):
-        """Blocks per channel of the partial-sum kernels: about `_SLICE_BLOCKS` in all, each with work."""
-        return int(max(1, min(-(-_SLICE_BLOCKS // c), -(-m // self.kernels.BLOCK))))
+    def _slices(self, c, m, hw=1):
+        """Blocks per channel of the partial-sum kernels: about `_SLICE_BLOCKS` in all, each with work (where
+        planes are large, `bn_partial` gives a slice whole planes: at most one slice a plane)."""
+        s = max(1, min(-(-_SLICE_BLOCKS // c), -(-m // self.kernels.BLOCK)))
+        return int(min(s, max(1, m // hw)) if hw >= self.kernels.BLOCK else s)
 
     def _bn_geometry(self, x, gamma, what):
         x = self._c(x)
@@ -43,7 +45,7 @@ class BatchNormOps:
     def _bn_partial(self, x, dy, mean64, scale64, beta, c, hw, m, mode, owner):
         """Per-channel partial sums (see `kernels/norm.py`; mode 0 forward, 1 backward, 2 backward through the
         fused ReLU): returns (partials, number of slices). One block per (channel, slice), all on gridDim.x."""
-        s = self._slices(c, m)
+        s = self._slices(c, m, hw)
         part = self._scratch(owner, "bn_part", (c * s * 2,), np.float64)
         nothing = part                                   # forward: the kernel reads x's first values instead
         self._fn("bn_partial")((c * s,), (self.kernels.BLOCK,),
@@ -52,10 +54,21 @@ class BatchNormOps:
                                 self.kernels.index32(x.size)))
         return part, s
 
+    def _plane_launch(self, name, total, hw, args):
+        """An element-wise pass over (n, c) planes: by (plane, chunk) pairs where planes are large (the block's
+        channel known once), element by element otherwise (`kernels/norm.py`, FOR_PLANE_CHUNKS)."""
+        block = self.kernels.BLOCK
+        if hw >= block:
+            chunks = -(-hw // self.kernels.PLANE_CHUNK)
+            grid = max(1, min(total // hw * chunks, 65535 * 8))
+        else:
+            chunks, grid = 0, self.kernels.grid(total)
+        self._fn(name)((grid,), (block,), args[:-1] + (np.int32(chunks), args[-1]))
+
     def _bn_apply(self, x, mean64, scale64, beta, hw, c, relu):
         y = self.xp.empty_like(x)
-        self._launch("bn_apply", x.size, (x, mean64, scale64, beta, y, np.int64(x.size), np.int32(hw), np.int32(c),
-                                          np.int32(bool(relu)), self.kernels.index32(x.size)))
+        self._plane_launch("bn_apply", x.size, hw, (x, mean64, scale64, beta, y, np.int64(x.size), np.int32(hw),
+                                                    np.int32(c), np.int32(bool(relu)), self.kernels.index32(x.size)))
         return y
 
     def _per_channel(self, name, c, args):
@@ -155,7 +168,7 @@ class BatchNormOps:
             k3 = -k1 * sdy / count
         dx = cp.empty_like(x)
         add = self._c(addend) if addend is not None else dx
-        self._launch("bn_apply_bwd", x.size, (dy, x, mean64, k1, k2, k3, scale64, beta, add, dx, np.int64(x.size),
-                                              np.int32(hw), np.int32(c), np.int32(relu), np.int32(addend is not None),
-                                              self.kernels.index32(x.size)))
+        self._plane_launch("bn_apply_bwd", x.size, hw,
+                           (dy, x, mean64, k1, k2, k3, scale64, beta, add, dx, np.int64(x.size), np.int32(hw),
+                            np.int32(c), np.int32(relu), np.int32(addend is not None), self.kernels.index32(x.size)))
         return dx, dgamma, dbeta

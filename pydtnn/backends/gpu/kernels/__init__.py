@@ -17,6 +17,7 @@ _CTYPES = {"float32": "float", "float64": "double"}
 _MODULES = {}
 INDEX32_LIMIT = 2 ** 31      # every index below this: the kernels' 32-bit path (`idx32`)
 BLOCK = 256                  # threads per block of the element-wise kernels
+PLANE_CHUNK = 1024           # elements of one (n, c) plane a block takes in the plane-wise passes (norm.py)
 SOURCE = common.SOURCE + pool.SOURCE + norm.SOURCE + elementwise.SOURCE + random.SOURCE
 
 

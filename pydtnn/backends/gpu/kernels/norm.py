@@ -20,26 +20,41 @@ __device__ __forceinline__ T bn_y(T x, double mean, double scale, T beta) {
 }
 
 template <typename I>
+__device__ __forceinline__ void bn_partial_add(const T* x, const T* dy, I off, double sh, double sc, T bt, int mode,
+                                               double& a1, double& a2) {
+    double d = (double)x[off] - sh;
+    if (mode) {
+        T gt = dy[off];
+        if (mode == 2) gt = gt * (T)(bn_y(x[off], sh, sc, bt) > (T)0);
+        double g = (double)gt;
+        a1 += g;
+        a2 += g * d;
+    } else {
+        a1 += d;
+        a2 += d * d;
+    }
+}
+
+template <typename I>
 __device__ __forceinline__ void bn_partial_body(const T* x, const T* dy, const double* mean, const double* scale,
                                                 const T* beta, double* part, I M, int C, int HW, int S, int mode) {
     __shared__ double s1[256];
     __shared__ double s2[256];
     int c = blockIdx.x / S, s = blockIdx.x % S, tid = threadIdx.x;
     double sh = mode ? mean[c] : (double)x[(I)c * (I)HW];
+    double sc = mode == 2 ? scale[c] : 0.0;
+    T bt = mode == 2 ? beta[c] : (T)0;
     double a1 = 0.0, a2 = 0.0;
-    for (I j = (I)s * blockDim.x + tid; j < M; j += (I)S * blockDim.x) {
-        I n = j / (I)HW;
-        I off = (n * (I)C + (I)c) * (I)HW + (j - n * (I)HW);
-        double d = (double)x[off] - sh;
-        if (mode) {
-            T gt = dy[off];
-            if (mode == 2) gt = gt * (T)(bn_y(x[off], sh, scale[c], beta[c]) > (T)0);
-            double g = (double)gt;
-            a1 += g;
-            a2 += g * d;
-        } else {
-            a1 += d;
-            a2 += d * d;
+    if (HW >= (int)blockDim.x) {        // large planes: slice s takes planes s, s + S, ...; no division per element
+        I N = M / (I)HW;
+        for (I n = s; n < N; n += S) {
+            I base = (n * (I)C + (I)c) * (I)HW;
+            for (int k = tid; k < HW; k += blockDim.x) bn_partial_add<I>(x, dy, base + k, sh, sc, bt, mode, a1, a2);
+        }
+    } else {
+        for (I j = (I)s * blockDim.x + tid; j < M; j += (I)S * blockDim.x) {
+            I n = j / (I)HW;
+            bn_partial_add<I>(x, dy, (n * (I)C + (I)c) * (I)HW + (j - n * (I)HW), sh, sc, bt, mode, a1, a2);
         }
     }
     s1[tid] = a1;
@@ -91,20 +106,40 @@ extern "C" __global__ void bn_finalize_fwd(const double* part, const T* x, const
     }
 }
 
+// The element-wise passes walk (plane, chunk) pairs when planes are large (`chunks` > 0: a block takes CHUNK
+// consecutive elements of one (n, c) plane, its channel's coefficients read once, no division per element),
+// element by element otherwise (small planes: a block spans several)
+#define PLANE_CHUNK 1024
+#define FOR_PLANE_CHUNKS(I, total, HW, C, chunks, body) \
+    for (I b = blockIdx.x; b < (total) / (I)(HW) * (I)(chunks); b += gridDim.x) { \
+        I plane = b / (I)(chunks); \
+        int lo = (int)(b - plane * (I)(chunks)) * PLANE_CHUNK, hi = min((HW), lo + PLANE_CHUNK); \
+        int c = (int)(plane % (I)(C)); \
+        I base = plane * (I)(HW); \
+        for (int k = lo + threadIdx.x; k < hi; k += blockDim.x) { I i = base + k; body } \
+    }
+
 template <typename I>
 __device__ __forceinline__ void bn_apply_body(const T* x, const double* mean, const double* scale,
-                                              const T* beta, T* y, I total, int HW, int C, int relu) {
-    GRID_STRIDE(I, i, total) {
-        int c = (int)((i / (I)HW) % (I)C);
-        T v = bn_y(x[i], mean[c], scale[c], beta[c]);
-        y[i] = relu ? relu_of(v) : v;
+                                              const T* beta, T* y, I total, int HW, int C, int relu, int chunks) {
+    if (chunks) {
+        FOR_PLANE_CHUNKS(I, total, HW, C, chunks, {
+            T v = bn_y(x[i], mean[c], scale[c], beta[c]);
+            y[i] = relu ? relu_of(v) : v;
+        })
+    } else {
+        GRID_STRIDE(I, i, total) {
+            int c = (int)((i / (I)HW) % (I)C);
+            T v = bn_y(x[i], mean[c], scale[c], beta[c]);
+            y[i] = relu ? relu_of(v) : v;
+        }
     }
 }
 
 extern "C" __global__ void bn_apply(const T* x, const double* mean, const double* scale, const T* beta, T* y,
-                                    long long total, int HW, int C, int relu, int idx32) {
-    if (idx32) bn_apply_body<idx32_t>(x, mean, scale, beta, y, (idx32_t)total, HW, C, relu);
-    else bn_apply_body<idx64_t>(x, mean, scale, beta, y, total, HW, C, relu);
+                                    long long total, int HW, int C, int relu, int chunks, int idx32) {
+    if (idx32) bn_apply_body<idx32_t>(x, mean, scale, beta, y, (idx32_t)total, HW, C, relu, chunks);
+    else bn_apply_body<idx64_t>(x, mean, scale, beta, y, total, HW, C, relu, chunks);
 }
 
 extern "C" __global__ void bn_finalize_bwd(const double* part, const double* invstd64, const T* gamma, int C,
@@ -126,25 +161,39 @@ extern "C" __global__ void bn_finalize_bwd(const double* part, const double* inv
 }
 
 template <typename I>
+__device__ __forceinline__ T bn_dx(const T* dy, const T* x, const T* addend, I i, int c, const double* mean,
+                                   const double* k1, const double* k2, const double* k3, const double* scale,
+                                   const T* beta, int relu, int with_add) {
+    T g = dy[i];
+    if (relu) g = g * (T)(bn_y(x[i], mean[c], scale[c], beta[c]) > (T)0);
+    T v = (T)(k1[c] * (double)g + k2[c] * ((double)x[i] - mean[c]) + k3[c]);
+    return with_add ? v + addend[i] : v;
+}
+
+template <typename I>
 __device__ __forceinline__ void bn_apply_bwd_body(const T* dy, const T* x, const double* mean, const double* k1,
                                                   const double* k2, const double* k3, const double* scale,
                                                   const T* beta, const T* addend, T* dx, I total, int HW, int C,
-                                                  int relu, int with_add) {
-    GRID_STRIDE(I, i, total) {
-        int c = (int)((i / (I)HW) % (I)C);
-        T g = dy[i];
-        if (relu) g = g * (T)(bn_y(x[i], mean[c], scale[c], beta[c]) > (T)0);
-        T v = (T)(k1[c] * (double)g + k2[c] * ((double)x[i] - mean[c]) + k3[c]);
-        dx[i] = with_add ? v + addend[i] : v;
+                                                  int relu, int with_add, int chunks) {
+    if (chunks) {
+        FOR_PLANE_CHUNKS(I, total, HW, C, chunks, {
+            dx[i] = bn_dx<I>(dy, x, addend, i, c, mean, k1, k2, k3, scale, beta, relu, with_add);
+        })
+    } else {
+        GRID_STRIDE(I, i, total) {
+            int c = (int)((i / (I)HW) % (I)C);
+            dx[i] = bn_dx<I>(dy, x, addend, i, c, mean, k1, k2, k3, scale, beta, relu, with_add);
+        }
     }
 }
 
 extern "C" __global__ void bn_apply_bwd(const T* dy, const T* x, const double* mean, const double* k1,
                                         const double* k2, const double* k3, const double* scale, const T* beta,
                                         const T* addend, T* dx, long long total, int HW, int C, int relu,
-                                        int with_add, int idx32) {
+                                        int with_add, int chunks, int idx32) {
     if (idx32) bn_apply_bwd_body<idx32_t>(dy, x, mean, k1, k2, k3, scale, beta, addend, dx, (idx32_t)total, HW, C,
-                                          relu, with_add);
-    else bn_apply_bwd_body<idx64_t>(dy, x, mean, k1, k2, k3, scale, beta, addend, dx, total, HW, C, relu, with_add);
+                                          relu, with_add, chunks);
+    else bn_apply_bwd_body<idx64_t>(dy, x, mean, k1, k2, k3, scale, beta, addend, dx, total, HW, C, relu, with_add,
+                                    chunks);
 }
 """
