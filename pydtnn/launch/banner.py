@@ -17,8 +17,9 @@ def print_banner(config, devices, local, split, trainer):
     print(model.summary())
     print(f"threads per replica: {', '.join(map(str, devices.threads_all))} ({devices.threads_why})")
     if "gpu" in devices.kinds:
-        print(f"GPU float32 precision: {p.precision}" + (" (TF32 tensor cores)" if p.precision == "tf32"
-                                                          else " (strict, no TF32)"))
+        what = {"tf32": "TF32 tensor cores", "fp32": "no TF32, any cuDNN algorithm",
+                "fp32_strict": "no TF32, FFT or Winograd"}[p.precision]
+        print(f"GPU float32 precision: {p.precision} ({what})")
     if config.data_parallel:
         print(f"global batch {split.global_batch} split as {trainer.sizes} (balance {p.balance}, weighting "
               f"{p.gradient_weighting})")

@@ -293,8 +293,10 @@ def _device_flags(g):
                    help="accepted for compatibility, no effect: direct CPU convolutions already are BLAS GEMMs")
     g.add_argument("--enable_memory_cache", type=B, default=False,
                    help="accepted for compatibility, no effect: NumPy's allocator already reuses freed buffers")
-    g.add_argument("--precision", default="fp32", choices=["fp32", "tf32"],
-                   help="GPU float32 math: fp32 (strict, no tensor-core TF32) or tf32 (faster, ~1e-3 relative error)")
+    g.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp32_strict"],
+                   help="GPU float32 math: fp32 (no TF32, any cuDNN algorithm, as PyTorch with TF32 off), tf32 "
+                        "(tensor cores, ~1e-3 relative error) or fp32_strict (no TF32, FFT or Winograd: errors near "
+                        "float32 rounding)")
 
 
 def _tracing_and_output_flags(g):
