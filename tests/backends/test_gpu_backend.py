@@ -560,3 +560,30 @@ def test_nccl_comm_single_rank(tmp_path):
         env = {k: v for k, v in gpu_standin.subprocess_env().items() if k in ("PYTHONPATH", "PYDTNN_GPU_STANDIN")}
     r = run_mpi(1, script, timeout=180, check=True, env=env)
     assert "NCCL OK" in r.stdout
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_elementwise_kernels_packed_unpacked_and_per_plane(dtype):
+    """ReLU, its backward and the block sum in 16-byte packs (sizes multiple of a pack, aligned) and element by
+    element (an odd size; an unaligned view); the bias + ReLU pass and the bias gradient over small and large
+    planes: each against NumPy on the same values (exact: one rounding each)."""
+    be = _gpu(dtype)
+    for n in (4096, 4097):
+        a, b = data((n + 1,), dtype, 41), data((n + 1,), dtype, 42)
+        for lo in (0, 1):                                   # lo = 1: an unaligned view
+            da, db = be.asarray(a)[lo:lo + n], be.asarray(b)[lo:lo + n]
+            ha, hb = a[lo:lo + n].astype(dtype), b[lo:lo + n].astype(dtype)
+            assert np.array_equal(be.to_numpy(be.relu_forward(da)), np.maximum(ha, 0))
+            assert np.array_equal(be.to_numpy(be.relu_backward(db, da)), hb * (ha > 0))
+            assert np.array_equal(be.to_numpy(be.add(da, db, relu=True)), np.maximum(ha + hb, 0))
+    for shape in ((2, 3, 5, 6), (2, 3, 40, 41)):
+        y, bias, dy = data(shape, dtype, 43).astype(dtype), data((shape[1],), dtype, 44).astype(dtype), \
+            data(shape, dtype, 45).astype(dtype)
+        got = be.to_numpy(be.bias_activation(be.asarray(y), be.asarray(bias), relu=True))
+        assert np.array_equal(got, np.maximum(y + bias[None, :, None, None], 0))
+        g, sums = be.bias_relu_backward(be.asarray(dy), be.asarray(got), db_out=be.xp.empty(shape[1], be.dtype))
+        ref_g = dy * (got > 0)
+        assert np.array_equal(be.to_numpy(g), ref_g)
+        ref = ref_g.astype(np.float64).sum(axis=(0, 2, 3))
+        assert rel_err(be.to_numpy(sums), ref) < TOL[dtype]

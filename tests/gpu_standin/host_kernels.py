@@ -43,6 +43,7 @@ static standin_dim3 blockIdx, threadIdx, blockDim, gridDim;
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __align__(n) alignas(n)
 #define __shared__ static
 using std::fmax; using std::fmin; using std::min; using std::max; using std::sqrt; using std::exp;
 static inline double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }

@@ -139,6 +139,26 @@ class GPUBackend(ConvolutionOps, BatchNormOps, PoolingOps, ElementwiseOps, Backe
     def _launch(self, name, total, args):
         self._fn(name)((self.kernels.grid(total),), (self.kernels.BLOCK,), args)
 
+    def _launch_packed(self, name, total, arrays, args):
+        """An element-wise kernel over `total` elements of `arrays`, in packs of 16 bytes where every array
+        is 16-byte aligned and `total` a multiple of a pack (`kernels/common.py`); `args` end with idx32."""
+        pack = 16 // self.dtype.itemsize
+        packed = total % pack == 0 and all(a.data.ptr % 16 == 0 for a in arrays)
+        self._fn(name)((self.kernels.grid(total // pack if packed else total),), (self.kernels.BLOCK,),
+                       args[:-1] + (np.int32(packed), args[-1]))
+
+    def _plane_launch(self, name, total, hw, args):
+        """A per-channel pass over (n, c) planes of `hw` values: by (plane, chunk) pairs where planes are large
+        (the block's channel known once), element by element otherwise (`kernels/common.py`,
+        FOR_PLANE_CHUNKS); `args` end with idx32."""
+        block = self.kernels.BLOCK
+        if hw >= block:
+            chunks = -(-hw // self.kernels.PLANE_CHUNK)
+            grid = max(1, min(total // hw * chunks, 65535 * 8))
+        else:
+            chunks, grid = 0, self.kernels.grid(total)
+        self._fn(name)((grid,), (block,), args[:-1] + (np.int32(chunks), args[-1]))
+
     def _scratch(self, owner, name, shape, dtype):
         """A device buffer kept between calls for `owner` (a layer's persistent array: its address names the
         layer; None: one shared buffer), e.g. a BatchNormalization's per-channel statistics, rewritten by its

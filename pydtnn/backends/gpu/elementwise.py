@@ -13,13 +13,15 @@ class ElementwiseOps:
     def relu_forward(self, x):
         x = self._c(x)
         y = self.xp.empty_like(x)
-        self._launch("relu_fwd", x.size, (x, y, np.int64(x.size), self.kernels.index32(x.size)))
+        self._launch_packed("relu_fwd", x.size, (x, y), (x, y, np.int64(x.size), self.kernels.index32(x.size)))
         return y
 
     def relu_backward(self, dy, y):
         dy = self._c(dy)
         dx = self.xp.empty_like(dy)
-        self._launch("relu_bwd", dy.size, (dy, self._c(y), dx, np.int64(dy.size), self.kernels.index32(dy.size)))
+        y = self._c(y)
+        self._launch_packed("relu_bwd", dy.size, (dy, y, dx), (dy, y, dx, np.int64(dy.size),
+                                                               self.kernels.index32(dy.size)))
         return dx
 
     def add(self, a, b, relu=False):
@@ -27,7 +29,8 @@ class ElementwiseOps:
         if a.shape != b.shape:
             raise ShapeError(f"add: shapes {a.shape} and {b.shape} differ")
         y = self.xp.empty_like(a)
-        self._launch("add_act", a.size, (a, b, y, np.int64(a.size), np.int32(bool(relu)), self.kernels.index32(a.size)))
+        self._launch_packed("add_act", a.size, (a, b, y), (a, b, y, np.int64(a.size), np.int32(bool(relu)),
+                                                           self.kernels.index32(a.size)))
         return y
 
     def bias_activation(self, y, b, relu=False):
@@ -35,8 +38,8 @@ class ElementwiseOps:
         output); returns y."""
         n, c = y.shape[0], y.shape[1]
         hw = y.size // max(n * c, 1)
-        self._launch("bias_act", y.size, (y, self._c(b).reshape(-1), np.int64(y.size), np.int32(hw), np.int32(c),
-                                          np.int32(bool(relu)), self.kernels.index32(y.size)))
+        self._plane_launch("bias_act", y.size, hw, (y, self._c(b).reshape(-1), np.int64(y.size), np.int32(hw),
+                                                    np.int32(c), np.int32(bool(relu)), self.kernels.index32(y.size)))
         return y
 
     def channel_sums(self, dy, relu_y=None, out=None, owner=None):
@@ -47,7 +50,7 @@ class ElementwiseOps:
         n, c = dy.shape[0], dy.shape[1]
         hw = dy.size // max(n * c, 1)
         m = dy.size // max(c, 1)
-        s = self._slices(c, m)
+        s = self._slices(c, m, hw)
         part = (self._scratch(owner, "chan_part", (c * s,), np.float64) if owner is not None
                 else self.xp.empty(c * s, np.float64))
         relu = relu_y is not None

@@ -54,17 +54,6 @@ class BatchNormOps:
                                 self.kernels.index32(x.size)))
         return part, s
 
-    def _plane_launch(self, name, total, hw, args):
-        """An element-wise pass over (n, c) planes: by (plane, chunk) pairs where planes are large (the block's
-        channel known once), element by element otherwise (`kernels/norm.py`, FOR_PLANE_CHUNKS)."""
-        block = self.kernels.BLOCK
-        if hw >= block:
-            chunks = -(-hw // self.kernels.PLANE_CHUNK)
-            grid = max(1, min(total // hw * chunks, 65535 * 8))
-        else:
-            chunks, grid = 0, self.kernels.grid(total)
-        self._fn(name)((grid,), (block,), args[:-1] + (np.int32(chunks), args[-1]))
-
     def _bn_apply(self, x, mean64, scale64, beta, hw, c, relu):
         y = self.xp.empty_like(x)
         self._plane_launch("bn_apply", x.size, hw, (x, mean64, scale64, beta, y, np.int64(x.size), np.int32(hw),

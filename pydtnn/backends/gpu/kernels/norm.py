@@ -106,19 +106,6 @@ extern "C" __global__ void bn_finalize_fwd(const double* part, const T* x, const
     }
 }
 
-// The element-wise passes walk (plane, chunk) pairs when planes are large (`chunks` > 0: a block takes CHUNK
-// consecutive elements of one (n, c) plane, its channel's coefficients read once, no division per element),
-// element by element otherwise (small planes: a block spans several)
-#define PLANE_CHUNK 1024
-#define FOR_PLANE_CHUNKS(I, total, HW, C, chunks, body) \
-    for (I b = blockIdx.x; b < (total) / (I)(HW) * (I)(chunks); b += gridDim.x) { \
-        I plane = b / (I)(chunks); \
-        int lo = (int)(b - plane * (I)(chunks)) * PLANE_CHUNK, hi = min((HW), lo + PLANE_CHUNK); \
-        int c = (int)(plane % (I)(C)); \
-        I base = plane * (I)(HW); \
-        for (int k = lo + threadIdx.x; k < hi; k += blockDim.x) { I i = base + k; body } \
-    }
-
 template <typename I>
 __device__ __forceinline__ void bn_apply_body(const T* x, const double* mean, const double* scale,
                                               const T* beta, T* y, I total, int HW, int C, int relu, int chunks) {
