@@ -68,37 +68,34 @@ def _steps(name, monkeypatch, nsteps=4, batch=2, shape=(3, 64, 64)):
         return per_step.steps
 
 
-@pytest.fixture(scope="module")
-def resnet50(request):
-    mp = pytest.MonkeyPatch()
-    try:
-        return _steps("resnet50_imagenet", mp)
-    finally:
-        mp.undo()
+ZOO = {"resnet50": "resnet50_imagenet", "vgg16": "vgg16_imagenet"}
+_COUNTED = {}
 
 
-@pytest.fixture(scope="module")
-def vgg16(request):
-    mp = pytest.MonkeyPatch()
-    try:
-        return _steps("vgg16_imagenet", mp)
-    finally:
-        mp.undo()
+def _counted(model):
+    """The per-step counts of `model` (a key of ZOO), counted once per test session."""
+    if model not in _COUNTED:
+        mp = pytest.MonkeyPatch()
+        try:
+            _COUNTED[model] = _steps(ZOO[model], mp)
+        finally:
+            mp.undo()
+    return _COUNTED[model]
 
 
 @pytest.mark.parametrize("model,launches,allocations", [("resnet50", 400, 350), ("vgg16", 150, 150)])
-def test_glue_a_training_step_launches_and_allocates_little(model, launches, allocations, request):
-    steps = request.getfixturevalue(model)
+def test_glue_a_training_step_launches_and_allocates_little(model, launches, allocations):
+    steps = _counted(model)
     for c in steps[1:3]:
         assert c.n["launch"] <= launches, (model, c.n["launch"])
         assert c.n["alloc"] <= allocations, (model, c.n["alloc"])
 
 
 @pytest.mark.parametrize("model", ["resnet50", "vgg16"])
-def test_glue_no_wait_for_the_device_inside_forward_and_backward(model, request):
+def test_glue_no_wait_for_the_device_inside_forward_and_backward(model):
     """Forward + loss + backward never wait for the device (the loss stays there); the step reads the device
     once, at its end (loss and metrics in one transfer); the compute time waits once, after backward."""
-    for c in request.getfixturevalue(model)[1:3]:
+    for c in _counted(model)[1:3]:
         inside = c.phases["forward_backward"]
         assert inside["sync"] == 0 and inside["d2h"] == 0, dict(inside)
         assert c.n["d2h_main"] == 1, dict(c.n)
@@ -106,17 +103,17 @@ def test_glue_no_wait_for_the_device_inside_forward_and_backward(model, request)
 
 
 @pytest.mark.parametrize("model", ["resnet50", "vgg16"])
-def test_glue_input_travels_pinned_and_asynchronous(model, request):
+def test_glue_input_travels_pinned_and_asynchronous(model):
     """No pageable host-to-device copy on the main thread: the next batch (x and integer labels) is copied
     from pinned memory on the copy stream, by the prefetch thread."""
-    for c in request.getfixturevalue(model)[1:3]:
+    for c in _counted(model)[1:3]:
         assert c.n["h2d_pageable_main"] == 0, dict(c.n)
         assert c.n["h2d_pinned"] == 2, dict(c.n)          # the next step's inputs and labels
 
 
 @pytest.mark.parametrize("model", ["resnet50", "vgg16"])
-def test_glue_steps_repeat_one_kernel_sequence(model, request):
+def test_glue_steps_repeat_one_kernel_sequence(model):
     """Steps of one static shape launch the same kernels in the same order (what a CUDA graph needs)."""
-    steps = request.getfixturevalue(model)
+    steps = _counted(model)
     assert len(steps) == 4
     assert steps[1].kernels == steps[2].kernels and len(steps[1].kernels) > 100
