@@ -35,6 +35,7 @@ class TrainerStep:
         self.span = span
         self.nclasses = model.output_shape[-1]        # classes of (N, K) or per-position (N, T, K) outputs
         self.inputs = model.backend.input_pipeline()
+        self.plan_guard = None          # what guard_plans measured ({}: nothing to compare)
         self.prefetcher = BatchPrefetcher(self.take)
         self._side_depth = 0
 
@@ -111,6 +112,17 @@ class TrainerStep:
                 self.emulator.pad(start + (timer.step_wait_s - waited), len(x))
         return value, y_pred
 
+    # --- the GPU's convolution plans ---------------------------------------------------------------------
+    def guard_plans(self, x, y, weight):
+        """After the first step (its convolutions built and, with autotuning, tuned): time whole passes with the
+        tuned plans and with the heuristic's and keep the faster set (`ConvRunner.guard`), in passes that leave
+        no trace. Tuned plans that won alone could lose in a step (VGG-16's did on the H200)."""
+        conv = getattr(self.model.backend, "conv", None)
+        if self.plan_guard is not None or conv is None:
+            return
+        with self.side_passes():
+            self.plan_guard = conv.guard(lambda: self.dp.local_gradients(x, y, weight, overlap=False))
+
     # --- one step ---------------------------------------------------------------------------------------
     def run(self, indices, epoch, step_sizes, next_indices=None, flags=None):
         """The step on this rank's `indices` of a step of `step_sizes`; returns the agreed StepRecord.
@@ -123,6 +135,7 @@ class TrainerStep:
         self.calibrate_emulation(x, y, weight)          # before the step's timer: not its compute
         record = self.dp.step(x, y, weight, len(indices) / sum(step_sizes), gradients=self.local_gradients,
                               metric_fns=self.metric_fns, data_error=data_error is not None, flags=flags)
+        self.guard_plans(x, y, weight)
         self.inputs.done(ticket)
         if record.data_error:
             agree_on_error(self.dp.comm, data_error, "another rank could not read its batch")

@@ -701,3 +701,40 @@ def test_glue_gpu_resume_is_bit_exact_with_dropout(tmp_path):
     assert sorted(a.files) == sorted(b.files)
     for k in a.files:
         assert np.array_equal(a[k], b[k]), k
+
+
+def test_glue_trainer_guards_tuned_plans_once_and_leaves_no_trace(monkeypatch):
+    """The launcher's loop runs the guard after its first step (tuned plans against the heuristic's on whole
+    passes) in passes that leave no trace: with the same plans kept, the weights equal those of a run without
+    the guard, bit for bit."""
+    from pydtnn import Model
+    from pydtnn.backends.gpu.cudnn import autotune
+    from pydtnn.activations import Relu, Softmax
+    from pydtnn.datasets import from_arrays
+    from pydtnn.optimizers import SGD
+    from pydtnn.training.loop import Trainer
+    from pydtnn.layers import FC, BatchNormalization, Conv2D, Dropout, Flatten, Input
+    rng = np.random.default_rng(0)
+    data = from_arrays(rng.standard_normal((12, 1, 12, 12)).astype(np.float32), rng.integers(0, 10, 12))
+
+    def train(guard):
+        autotune.clear_memory()
+        be = _backend(dtype="float32", auto_conv_alg=True)
+        model = Model(backend=be, seed=0)      # running statistics and a dropout stream: what a pass could leave
+        for layer in (Input(shape=(1, 12, 12)), Conv2D(4, (3, 3), padding=1), BatchNormalization(), Relu(),
+                      Dropout(0.3), Flatten(), FC(10), Softmax()):
+            model.add(layer)
+        trainer = Trainer(model, data, SGD(learning_rate=0.05), global_batch=4, progress=False, seed=0)
+        if not guard:
+            trainer.step_runner.plan_guard = {}
+        trainer.fit(1)
+        return trainer.step_runner.plan_guard, np.concatenate([a.ravel() for a in model.state_arrays().values()])
+    with gpu_standin.active():
+        monkeypatch.setitem(fake_cudnn.SETTINGS, "noise", 0.0)
+        # the tuned plan ("exact") and the heuristic's (the first that builds) both give the same bits every call
+        _costs(monkeypatch, atomics=0.5, winograd=0.5, winograd_nonfused=0.5, fft=0.5, split=0.25, exact=0.15)
+        guarded, w_guarded = train(True)
+        skipped, w_skipped = train(False)
+    assert guarded["kept"] == "tuned" and guarded["tuned"] < guarded["heuristic"], guarded
+    assert skipped == {}
+    assert np.array_equal(w_guarded, w_skipped)
