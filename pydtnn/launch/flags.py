@@ -153,6 +153,10 @@ def _weights_and_resume_flags(g):
     g.add_argument("--checkpoint_dir", default="checkpoints",
                    help="where model_checkpoint, step checkpoints and the SIGTERM/SIGUSR1 checkpoint write "
                         "(created by the first checkpoint)")
+    g.add_argument("--overwrite", type=B, default=False,
+                   help="let this run replace output files it did not create (the history, weights, trace, "
+                        "step history, plot, and checkpoints in --checkpoint_dir of a later point than this "
+                        "run starts from); without it such an output is refused before any work")
 
 
 def _dataset_flags(g):

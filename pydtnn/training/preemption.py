@@ -1,10 +1,10 @@
 """Full checkpoints between epochs' steps: on a preemption signal, every N steps, every M minutes (and the
 one that saves the trained state when an output failed).
 
-SIGTERM and SIGUSR1 only set a flag; the flag rides in the step's record reduction
+SIGTERM, SIGUSR1 and SIGINT (Ctrl-C: a researcher's way to stop a run) only set a flag; the flag rides in the step's record reduction
 (`pydtnn.parallel.step_record`), so every rank sees the same OR of it after the same step, writes one full
 checkpoint together (the step inside the epoch and the epoch's partial sums included), and the loop raises
-`Preempted`. The timed cadence follows rank 0's clock, agreed on the same way; the step cadence counts
+`Preempted`. A second Ctrl-C stops at once (KeyboardInterrupt), for a step that never ends. The timed cadence follows rank 0's clock, agreed on the same way; the step cadence counts
 global steps. Only the newest cadence checkpoint is kept: long runs would otherwise fill the disk.
 """
 from __future__ import annotations
@@ -15,8 +15,9 @@ import signal
 import threading
 
 from pydtnn.errors import ConfigError, OutputError
+from pydtnn.outputs import rescue_folders
 
-PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class Preempted(Exception):
@@ -47,7 +48,7 @@ class StepCheckpoints:
 
     @contextlib.contextmanager
     def signal_handlers(self):
-        """SIGTERM/SIGUSR1 only set a flag (acted on after the current step); restored afterwards."""
+        """SIGTERM/SIGUSR1/SIGINT only set a flag (acted on after the current step); restored afterwards."""
         self.stop_requested = self.save_requested = False
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
             yield
@@ -60,6 +61,8 @@ class StepCheckpoints:
                 signal.signal(s, handler)
 
     def _on_signal(self, signum, frame):
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            raise KeyboardInterrupt          # Ctrl-C twice: now, without the checkpoint
         self.signum = signum
 
     def local_flags(self, rank):
@@ -94,12 +97,20 @@ class StepCheckpoints:
                 os.unlink(self._last_step_file)
         self._last_step_file = path
 
-    def rescue(self, save_checkpoint, epochs, num_epochs):
-        """A full checkpoint after `epochs` epochs when an output failed (a collective); what to tell."""
-        path = os.path.join(self.checkpoint_dir, f"epoch_{epochs:04d}_step_000000.npz")
-        try:
-            save_checkpoint(path, epochs)
-        except OutputError as e:
-            return f"training stopped after epoch {epochs} of {num_epochs}, and its checkpoint failed too ({e})"
-        return (f"training stopped after epoch {epochs} of {num_epochs}: its checkpoint was written to {path} "
-                f"(continue with --resume {path})")
+    def rescue(self, save_checkpoint, epoch, step, partial, num_epochs, steps_per_epoch):
+        """The full checkpoint of the point `epoch` epochs and `step` steps in (`partial`: that epoch's sums)
+        when an output failed (a collective), in --checkpoint_dir or else a temporary folder; what to tell."""
+        where = (f"after epoch {epoch} of {num_epochs}" if not step else
+                 f"in epoch {epoch + 1} of {num_epochs}, after step {step} of {steps_per_epoch}")
+        failures = []
+        for folder in rescue_folders(self.checkpoint_dir):
+            path = os.path.join(folder, f"epoch_{epoch:04d}_step_{step:06d}.npz")
+            try:
+                save_checkpoint(path, epoch, step=step, partial=partial)
+            except OutputError as e:
+                failures.append(str(e))
+                continue
+            if epoch == num_epochs and not step:
+                return f"all {num_epochs} epochs were trained: their checkpoint was written to {path}"
+            return f"training stopped {where}: its checkpoint was written to {path} (continue with --resume {path})"
+        return f"training stopped {where}, and its checkpoint failed too ({'; '.join(failures)})"
