@@ -186,7 +186,8 @@ def train(config, trainer, comm):
     except Preempted as e:                 # every rank stopped after the same step (agreed in the step's allreduce)
         import signal
         from pydtnn.parallel.runtime import shutdown
-        shutdown.end_job(EXIT_INTERRUPTED if e.signum == signal.SIGINT else EXIT_PREEMPTED, f"pydtnn: {e}")
+        shutdown.end_job(EXIT_INTERRUPTED if e.signum == signal.SIGINT else EXIT_PREEMPTED, f"pydtnn: {e}",
+                         launcher_ending=e.launcher_ending)
     except OutputError as e:
         # an output failed after a whole step (a history row, a checkpoint, the trace): the weights are whole
         raise OutputError(f"{e}{rescue_weights(p, model, comm)}") from None

@@ -103,6 +103,7 @@ class Trainer:
         self.start_epoch = 0
         self.checkpoints = StepCheckpoints(ckpt.checkpoint_dir, ckpt.save_steps, ckpt.save_minutes,
                                            ckpt.handle_signals, ckpt.clock)
+        self.checkpoints.rank = self.rank
         self.start_step = 0            # steps already done inside start_epoch (a mid-epoch checkpoint)
         self.resumed_partial = None    # that epoch's partial sums
         self.restored_split = False    # the split came from a checkpoint (no probe needed)
@@ -312,12 +313,15 @@ class Trainer:
         """Full state after `epoch` epochs and `step` more steps (a collective: every rank calls it; rank 0
         writes). An OutputError is raised on every rank; the previous file at `path` stays intact."""
         trainer_state.save(self, path, epoch, step=step, partial=partial)
+        self.checkpoints.latest = path
 
     def resume(self, path, keep_split=True, learning_rate=None, restore_optimizer=True):
         """Restore the state of a checkpoint (configuration stays the command line's); what is kept and
         what the caller's choices override: `pydtnn.training.trainer_state.restore`."""
-        return trainer_state.restore(self, path, keep_split=keep_split, learning_rate=learning_rate,
+        meta = trainer_state.restore(self, path, keep_split=keep_split, learning_rate=learning_rate,
                                      restore_optimizer=restore_optimizer)
+        self.checkpoints.latest = path
+        return meta
 
     def _step_checkpoint(self, epoch, step, partial=None):
         """A full checkpoint `epoch` epochs and `step` steps in; on a signal, then raise Preempted."""

@@ -161,7 +161,8 @@ def test_full_disk_on_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch,
     assert r.returncode == 0, r.stderr
     before = (ck / "best.npz").read_bytes()
     _fail_writes_of(monkeypatch, ".npz")
-    code, lines = _main([*SEQ, "--num_epochs", "2", "--checkpoint_dir", ck], capsys)
+    # --overwrite true: this run may replace the first run's checkpoints (refused without it)
+    code, lines = _main([*SEQ, "--num_epochs", "2", "--checkpoint_dir", ck, "--overwrite", "true"], capsys)
     assert code == 2 and "No space left on device" in lines[-1] and "epoch_0001.npz" in lines[-1]
     assert (ck / "best.npz").read_bytes() == before and no_tmp(ck)
 
