@@ -8,7 +8,8 @@ FULL_DISK names what fails with ENOSPC ("No space left on device"), as a comma l
 - "tensorboard": TensorBoard's event file fills: its writes and flushes fail once FULL_DISK_AFTER flushes went
   through (the loop's writes are synchronous, so a write inside an epoch meets it).
 FULL_DISK_AFTER (default 0): how many such writes of each kind succeed first (0: full from the start).
-FULL_DISK_ONLY_IN (optional): only writes into this folder fail (the rescue's other folders are fine).
+FULL_DISK_ONLY_IN (optional): only writes under this folder fail (the rescue's other folders are fine).
+FULL_DISK_ERRNO (default ENOSPC): the error, e.g. EROFS for a file system remounted read-only.
 """
 import errno
 import os
@@ -19,6 +20,7 @@ from pydtnn import cli, outputs          # noqa: E402
 KINDS = [k for k in os.environ.get("FULL_DISK", "").split(",") if k]
 AFTER = int(os.environ.get("FULL_DISK_AFTER", "0"))
 ONLY_IN = os.environ.get("FULL_DISK_ONLY_IN")
+ERRNO = getattr(errno, os.environ.get("FULL_DISK_ERRNO", "ENOSPC"))
 done = {k: 0 for k in KINDS}
 
 
@@ -33,11 +35,11 @@ real_fsync = os.fsync
 def fsync(fd):
     target = os.readlink(f"/proc/self/fd/{fd}")
     name = os.path.basename(target)
-    inside = ONLY_IN is None or os.path.dirname(target) == os.path.abspath(ONLY_IN)
+    inside = ONLY_IN is None or target.startswith(os.path.abspath(ONLY_IN) + os.sep)
     for kind in KINDS:
         if kind.startswith(".") and name.startswith(outputs.TMP_PREFIX) and name.endswith(kind) and inside:
             if _full(kind):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                raise OSError(ERRNO, os.strerror(ERRNO))
     return real_fsync(fd)
 
 
@@ -52,12 +54,12 @@ class FillingFile:
 
     def write(self, data):
         if self.full:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise OSError(ERRNO, os.strerror(ERRNO))
         return self.f.write(data)
 
     def flush(self):
         if self.full:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise OSError(ERRNO, os.strerror(ERRNO))
         self.f.flush()
         done["tensorboard"] += 1
         self.full = done["tensorboard"] >= AFTER          # the disk is full from here on
