@@ -179,9 +179,9 @@ def _run(a):
         raise ConfigError(f"--replicas {P} must be a multiple of --nodes {a.nodes}")
     if a.network_alg == "hierarchical" and a.nodes == 1:
         raise ConfigError("--network_alg hierarchical needs --nodes > 1")
+    check_memory(max([P, *_sweep_sizes(a)]))         # before anything of that size is allocated
     profiles = _profiles(a, P)
     policy = {"none": "equal"}.get(a.balance, a.balance)
-    check_memory(max([P, *_sweep_sizes(a)]))         # before anything of that size is allocated
     sc = _scenario(a, P, policy, profiles, a.speed_factors)
     result = simulate(sc, progress_for(P, a.steps, f"simulating {P} replicas"))
     best = best_partition(_scenario(a, P, "equal", profiles, a.speed_factors))
