@@ -109,6 +109,14 @@ def signal_launcher(n, signum, *args):
                                        _env(folder), stdin_signal=(signum, "epoch 1:"))
 
 
+def in_out(run):
+    """`run` with the folder out/ made first (its outputs' folder must exist)."""
+    def wrapped(folder):
+        (Path(folder) / "out").mkdir()
+        return run(folder)
+    return wrapped
+
+
 def then(first, second):
     """Run `first`, then `second` in the same folder (a run, then its resume); the second's result."""
     def run(folder):
@@ -351,12 +359,12 @@ def cases():
                          one_line(needles=[f"ck/epoch_{point[0]:04d}_step_{point[1]:06d}.npz"],
                                   resumable=(f"ck/epoch_{point[0]:04d}_step_{point[1]:06d}.npz", point)), mpi=True))
     add(Case(N, "--history_file full with the checkpoint folder full too", "the rescue goes to $TMPDIR",
-             seq(*SEQ, "--history_file", "out/h.csv", "--checkpoint_dir", "out/ck", script=FULL_DISK,
-                 FULL_DISK=".csv,.npz", FULL_DISK_ONLY_IN="out"),
+             in_out(seq(*SEQ, "--history_file", "out/h.csv", "--checkpoint_dir", "out/ck", script=FULL_DISK,
+                        FULL_DISK=".csv,.npz", FULL_DISK_ONLY_IN="out")),
              one_line(needles=["systmp/pydtnn-rescue-", "epoch_0001_step_000000.npz"])))
     add(Case(N, "--save_weights_and_bias_filename full", "the weights go to --checkpoint_dir/final_weights.npz",
-             seq(*SEQ, "--save_weights_and_bias_filename", "out/w.npz", "--checkpoint_dir", "ck", script=FULL_DISK,
-                 FULL_DISK=".npz", FULL_DISK_ONLY_IN="out"),
+             in_out(seq(*SEQ, "--save_weights_and_bias_filename", "out/w.npz", "--checkpoint_dir", "ck",
+                        script=FULL_DISK, FULL_DISK=".npz", FULL_DISK_ONLY_IN="out")),
              one_line(needles=["ck/final_weights.npz"], files=["ck/final_weights.npz"])))
     add(Case(N, "a step checkpoint on a full disk", "one line; the rescue elsewhere",
              seq(*SEQ, "--model_checkpoint_save_steps", "5", "--checkpoint_dir", "ck", script=FULL_DISK,
@@ -458,9 +466,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="run the cases whose class or name holds this text")
     ap.add_argument("--jobs", type=int, default=1)
-    ap.add_argument("--no_mpi", action="store_true")
+    ap.add_argument("--no_mpi", action="store_true", help="only the sequential cases")
+    ap.add_argument("--only_mpi", action="store_true", help="only the MPI cases (for the second MPI)")
     a = ap.parse_args(argv)
-    todo = [c for c in cases() if (a.only in c.name or a.only in c.cls) and not (a.no_mpi and c.mpi)]
+    todo = [c for c in cases() if (a.only in c.name or a.only in c.cls) and not (a.no_mpi and c.mpi)
+            and not (a.only_mpi and not c.mpi)]
     mpi_name = "Open MPI" if mpirun.is_open_mpi(mpirun.find_mpiexec()) else "MPICH"
     print("| class | case | promise | MPI | what happened |\n|---|---|---|---|---|", flush=True)
     passed = 0
