@@ -36,6 +36,11 @@ class ArraySplit:
     def __len__(self) -> int:
         return self.stop - self.start
 
+    @property
+    def dtype(self):
+        """The type of a batch's inputs (`take`'s x)."""
+        return np.dtype(self._x_dtype)
+
     def __repr__(self) -> str:
         return f"ArraySplit({self.name!r}, {len(self)} samples, shape={self.input_shape})"
 

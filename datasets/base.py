@@ -194,6 +194,8 @@ class Split:
     def __len__(self) -> int:
         return self.stop - self.start
 
+    dtype = np.dtype(np.float32)      # the type of a batch's inputs (`take`'s x)
+
     def __repr__(self) -> str:
         return (f"Split({self.name!r}, {len(self)} samples, shape={self.input_shape}, "
                 f"nclasses={self.nclasses}, augmentation={self.augmentation})")

@@ -10,8 +10,9 @@ train. Each step is a function testable in one process; those with more than wir
 
 A user's mistake prints one line (`pydtnn: error: ...`) on rank 0 and every rank exits with status 2
 (`pydtnn.parallel.runtime.shutdown`).
-Exit statuses: 0 done; 2 a user's mistake or an output that cannot be written; 3 stopped by SIGTERM or
-SIGUSR1 after writing a full checkpoint (continue with --resume); 130 interrupted (Ctrl-C).
+Exit statuses: 0 done; 2 a user's mistake or an output that cannot be written (the training's state saved
+where it can be); 3 stopped by SIGTERM or SIGUSR1 after writing a full checkpoint (continue with --resume);
+130 interrupted (Ctrl-C: after writing a full checkpoint once training has started).
 """
 from __future__ import annotations
 
@@ -25,10 +26,11 @@ from pydtnn.launch.config import check_combinations, configure, given_flags, mer
 from pydtnn.launch.data_and_model import build_data_and_model
 from pydtnn.launch.devices import set_up_devices
 from pydtnn.launch.flags import build_parser, parse_args
-from pydtnn.launch.outputs import check_outputs, rescue_weights, save_final_weights
+from pydtnn.launch.outputs import adopt_rank0_outputs, check_outputs, rescue_weights, save_final_weights
 from pydtnn.launch.split import policy_and_split
 
 EXIT_PREEMPTED = 3
+EXIT_INTERRUPTED = 130
 
 
 def parse_command_line(argv=None):
@@ -95,16 +97,19 @@ def configuration(p, given, comm):
     from pydtnn.parallel.runtime import environment
     from pydtnn.parallel.comm import raise_together
     given = frozenset(vars(p)) if given is None else frozenset(given)
-    resume_lines, anew = [], set()
+    resume_lines, anew, meta = [], set(), None
     if p.resume:          # the checkpoint's run gives the flags this command line does not
         from pydtnn.training.checkpointing import read_meta
-        _, anew, resume_lines = raise_together(
-            comm, lambda: merge_resumed_flags(build_parser(), p, given, read_meta(p.resume)["flags"], p.resume),
-            "another rank could not read its --resume checkpoint")
+
+        def merge():
+            saved = read_meta(p.resume)
+            return saved, merge_resumed_flags(build_parser(), p, given, saved["flags"], p.resume)
+        meta, (_, anew, resume_lines) = raise_together(comm, merge, "another rank could not read its --resume checkpoint")
         if comm.size > 1:
             agree_on_flags(comm.comm, build_parser(), p, what="resumed from checkpoints of runs with")
     run_config = configure(p, comm.size, environment.launched_with_many_processes())
-    check_outputs(p, comm)
+    run_config.notes = adopt_rank0_outputs(p, comm)              # rank 0 writes: every rank takes its outputs
+    run_config.step_rows_kept = check_outputs(p, comm, meta) or []
     run_config.resume = types.SimpleNamespace(lines=resume_lines, anew=anew)
     return run_config
 
@@ -129,7 +134,8 @@ def make_trainer(config, devices, local, split, comm):
         schedulers = [s for s in schedulers if not (getattr(s, "metric", "").startswith("val_")
                                                     and s.name != "model_checkpoint")]
     from pydtnn.observe.step_metrics import StepMetrics
-    step_metrics = StepMetrics(comm.rank, p.tensorboard_dir, p.step_history_file, p.plots_dir)
+    step_metrics = StepMetrics(comm.rank, p.tensorboard_dir, p.step_history_file, p.plots_dir,
+                               keep_rows=config.step_rows_kept)
     trainer = Trainer(
         model, dataset, optimizer, loss=get_loss(p.loss_func, label_smoothing=p.label_smoothing), metrics=config.metrics,
         parallel=Parallelism(comm=comm, global_batch=split.global_batch, sizes=split.sizes, policy=config.policy,
@@ -178,8 +184,10 @@ def train(config, trainer, comm):
         else:
             trainer.fit(p.num_epochs)
     except Preempted as e:                 # every rank stopped after the same step (agreed in the step's allreduce)
+        import signal
         from pydtnn.parallel.runtime import shutdown
-        shutdown.end_job(EXIT_PREEMPTED, f"pydtnn: {e}")
+        shutdown.end_job(EXIT_INTERRUPTED if e.signum == signal.SIGINT else EXIT_PREEMPTED, f"pydtnn: {e}",
+                         launcher_ending=e.launcher_ending)
     except OutputError as e:
         # an output failed after a whole step (a history row, a checkpoint, the trace): the weights are whole
         raise OutputError(f"{e}{rescue_weights(p, model, comm)}") from None

@@ -97,6 +97,23 @@ def atomic_write(path: str, write, binary: bool = True) -> None:
                 pass
 
 
+def unused_path(path: str) -> str:
+    """`path`, or the first of `name-1.ext`, `name-2.ext`, ... that does not exist (a rescue replaces nothing)."""
+    stem, ext = os.path.splitext(path)
+    n = 0
+    while os.path.lexists(path):
+        n += 1
+        path = f"{stem}-{n}{ext}"
+    return path
+
+
+def rescue_folders(first) -> list[str]:
+    """Where a rescue (the training's state when an output failed) may go: `first`, then a folder of this
+    process in the system's temporary folder (often another file system than a full one)."""
+    fallback = os.path.join(tempfile.gettempdir(), f"pydtnn-rescue-{_HOST}-{os.getpid()}")
+    return [str(first), fallback] if first is not None else [fallback]
+
+
 def _probe_folder(folder: str, what: str) -> None:
     """Create and remove a file in `folder`: the only test that read-only mounts and ACLs cannot fool."""
     try:

@@ -54,12 +54,17 @@ def _ranks(ranks: list[int]) -> str:
     return "ranks " + ",".join(map(str, ranks))
 
 
-def describe_difference(option: str, values: list) -> str:
-    """One line for a flag that differs: the value on each group of ranks, in rank order."""
+def values_by_rank(values: list) -> str:
+    """Each value with the ranks that have it, in rank order: "2 on ranks 0-1 and 3 on rank 2"."""
     groups: dict = {}
     for rank, value in enumerate(values):
         groups.setdefault(value, []).append(rank)
-    shown = " and ".join(f"{value} on {_ranks(ranks)}" for value, ranks in groups.items())
+    return " and ".join(f"{value} on {_ranks(ranks)}" for value, ranks in groups.items())
+
+
+def describe_difference(option: str, values: list) -> str:
+    """One line for a flag that differs: the value on each group of ranks, in rank order."""
+    shown = values_by_rank(values)
     return (f"the ranks were started with different flags: {option} is {shown} (every rank needs the same "
             f"flags; only --threads_per_replica, the dataset, weights and checkpoint paths, and rank 0's "
             f"outputs may differ)")

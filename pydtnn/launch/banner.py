@@ -7,7 +7,7 @@ import sys
 def print_banner(config, devices, local, split, trainer):
     p, model = config.p, local.model
     _print_params(p, config.nreplicas)
-    for line in config.resume.lines:
+    for line in config.resume.lines + (config.notes or []):
         print(line)
     in_force, rate = trainer.optimizer.learning_rate, config.learning_rate
     if p.resume and in_force != rate:

@@ -13,7 +13,7 @@ dataset or the replica count), testable without MPI:
 - `check_against_data`: `--evaluate` / `--evaluate_only` without a test split, a global batch larger than
   the training set;
 - `merge_resumed_flags`: `--resume`: the checkpoint's flags for those not given, one line per given flag
-  that differs from the checkpoint's run.
+  that differs from the checkpoint's run; never its outputs, paths or code (a checkpoint is data).
 
 That the ranks were started with the same flags is `pydtnn.launch.agreement`'s.
 """
@@ -43,6 +43,8 @@ class RunConfig:
     caps: list | None        # --max_local_batch, one per replica
     trace_steps: object = None   # --trace_steps parsed
     resume: object = None    # --resume: the lines to print and the flags given anew (set by the launcher)
+    notes: list = None       # lines for rank 0 to print before training (set by the launcher)
+    step_rows_kept: list = None   # a resumed run's --step_history_file rows up to its checkpoint
 
     @property
     def global_batch(self) -> int:
@@ -101,7 +103,15 @@ EXECUTION_FLAGS = frozenset({
     "enable_gpu", "devices", "enable_nccl", "enable_gpudirect", "non_blocking_mpi", "precision",
     "conv_algorithm", "enable_conv_winograd", "enable_cudnn_auto_conv_alg", "enable_conv_gemm",
     "enable_memory_cache", "tensor_format", "shared_storage", "download", "enable_fused_bn_relu",
-    "enable_fused_conv_relu", "enable_fused_conv_bn", "enable_fused_conv_bn_relu", "enable_best_of"})
+    "enable_fused_conv_relu", "enable_fused_conv_bn", "enable_fused_conv_bn_relu", "enable_best_of", "overwrite"})
+
+# A checkpoint is data: its stored flags may describe the run, never choose a path or load code. Outputs are
+# always this command line's (a resumed run never writes where the checkpoint's run wrote unless told so);
+# a path read or code run must be given on this command line when the checkpoint's run had another.
+OUTPUT_FLAGS = ("history_file", "save_weights_and_bias_filename", "checkpoint_dir", "tracer_output",
+                "tensorboard_dir", "step_history_file", "plots_dir")
+INPUT_PATH_FLAGS = ("dataset_train_path", "dataset_test_path")
+CODE_FLAGS = ("model_name", "dataset_name", "balance", "gradient_weighting")
 
 
 def given_flags(build_parser, argv) -> frozenset:
@@ -181,12 +191,20 @@ def merge_resumed_flags(parser, p, given, saved: dict, path: str):
     Returns (inherited, anew, lines): the attributes set on ``p`` from the checkpoint; the given flags that
     change what the checkpoint restores (RESTORED_STATE) because they differ from the checkpoint's run; and
     one line for each of those. Other given flags (--num_epochs, outputs) are configuration: shown with the
-    parameters."""
-    dests = [d for d in flag_dests(parser) if d not in EXECUTION_FLAGS]
+    parameters. The checkpoint is data: its outputs are never this run's (OUTPUT_FLAGS, one line when they
+    differ), and a path it read or code it ran that this command line does not give is refused."""
+    never = EXECUTION_FLAGS.union(OUTPUT_FLAGS)
+    dests = [d for d in flag_dests(parser) if d not in never]
     lines, inherited, anew = [], [], set()
+    not_reused = _outputs_not_reused(parser, p, saved)
+    if not_reused:
+        lines.append(f"resume: outputs come from this command line, not from the checkpoint's run "
+                     f"(which wrote {not_reused})")
     for dest in dests:
         if dest not in saved:
             continue                       # a flag newer than the checkpoint: this run's value
+        if dest not in given:
+            _refuse_stored_path_or_code(parser, p, dest, saved[dest], path)
         old, new = json_value(saved[dest]), json_value(getattr(p, dest))
         if dest in given:
             if old != new and dest in RESTORED_STATE:
@@ -211,6 +229,40 @@ def merge_resumed_flags(parser, p, given, saved: dict, path: str):
         changes[dest] = getattr(parsed, dest) if saved[dest] is not None else None
         setattr(p, dest, changes[dest])
     return changes, anew, lines
+
+
+def names_code(dest, value) -> bool:
+    """Whether the value of flag `dest` names a user's code (a .py file or a FILE.py:NAME / module:NAME spec)."""
+    import os
+    if not isinstance(value, str):
+        return False
+    if dest == "model_name":
+        return value.endswith(".py") or os.sep in value or os.path.isfile(value)
+    if dest == "dataset_name":
+        return value.endswith(".py")
+    return ":" in value                    # --balance, --gradient_weighting: a plug-in spec
+
+
+def _refuse_stored_path_or_code(parser, p, dest, stored, path):
+    """A flag this command line does not give, whose stored value reads a path or runs code other than this
+    run's: refused in one line (the user gives it on the command line if that is what they want)."""
+    if json_value(stored) == json_value(getattr(p, dest)):
+        return
+    option = option_of(parser, dest)
+    if dest in INPUT_PATH_FLAGS and stored is not None:
+        raise CheckpointError(f"checkpoint {path}: its run read {option} {flag_text(stored)}, and a checkpoint "
+                              f"never chooses a path: give {option} on the command line")
+    if dest in CODE_FLAGS and names_code(dest, stored):
+        raise CheckpointError(f"checkpoint {path}: its run used {option} {flag_text(stored)}, which is code, and "
+                              f"a checkpoint never loads code: give {option} {flag_text(stored)} on the command "
+                              f"line to run it")
+
+
+def _outputs_not_reused(parser, p, saved) -> str:
+    """The checkpoint's run's outputs that this run does not write to (theirs differ from this command line's)."""
+    shown = [f"{option_of(parser, d)} {flag_text(saved[d])}" for d in OUTPUT_FLAGS
+             if saved.get(d) is not None and json_value(saved[d]) != json_value(getattr(p, d))]
+    return ", ".join(shown)
 
 
 _SPLIT = "the split of the global batch is computed anew, not restored"

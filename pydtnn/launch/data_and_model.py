@@ -10,12 +10,15 @@ from pydtnn.errors import ConfigError
 
 def build_data_and_model(config, comm):
     """Each rank's backend, model and copy of the dataset (`rank_data_and_model`), in one block that ends in
-    a collective."""
+    a collective; then the ranks agree that their copies are the same data (`pydtnn.launch.data_agreement`)."""
+    from pydtnn.launch.data_agreement import agree_on_data
     from pydtnn.parallel.comm import raise_together
     if config.p.download:
         _download_on_rank0(config.p, comm)
-    return raise_together(comm, lambda: rank_data_and_model(config.p, config.devices[comm.rank], comm.rank),
-                          "another rank could not set up its device, model or data")
+    local = raise_together(comm, lambda: rank_data_and_model(config.p, config.devices[comm.rank], comm.rank),
+                           "another rank could not set up its device, model or data")
+    agree_on_data(comm, local.dataset, config.p.dataset_name)      # each rank's copy: the same data
+    return local
 
 
 def rank_data_and_model(p, kind, rank):

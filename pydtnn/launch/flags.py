@@ -112,7 +112,8 @@ def _model_and_training_flags(g):
     """The model, the batch, the floating type, how long to train and whether to evaluate."""
     B = boolean
     g.add_argument("--model", dest="model_name", default="simplecnn",
-                   help="registered model name (see README) or a path to a .py file defining create_model(model)")
+                   help="registered model name (see README) or a path to a .py file defining create_model(model) (the file's "
+                        "code runs: name only files you would run)")
     g.add_argument("--batch_size", type=positive_int, default=64,
                    help="local batch per replica (upstream meaning); the global batch is batch_size x replicas "
                         "unless --global_batch_size is given")
@@ -148,11 +149,16 @@ def _weights_and_resume_flags(g):
     g.add_argument("--resume", default=None,
                    help="resume from a full checkpoint (model_checkpoint, step or preemption checkpoints): its state "
                         "(counters, best values, learning rate, RNG, split) and the flags of its run that this command "
-                        "line does not give; a flag given anew wins (one line for each that changes the restored "
-                        "state); it may come from another number of replicas; not with --weights_and_bias_filename")
+                        "line does not give, never its outputs, paths or code; a flag given anew wins (one line for each "
+                        "that changes the restored state); it may come from another number of replicas; not with "
+                        "--weights_and_bias_filename")
     g.add_argument("--checkpoint_dir", default="checkpoints",
-                   help="where model_checkpoint, step checkpoints and the SIGTERM/SIGUSR1 checkpoint write "
-                        "(created by the first checkpoint)")
+                   help="where model_checkpoint, step checkpoints, the SIGTERM/SIGUSR1/SIGINT checkpoint and the rescue "
+                        "of a failed output write (created by the first checkpoint)")
+    g.add_argument("--overwrite", type=B, default=False,
+                   help="let this run replace output files it did not create (the history, weights, trace, "
+                        "step history, plot, and checkpoints in --checkpoint_dir of a later point than this "
+                        "run starts from); without it such an output is refused before any work")
 
 
 def _dataset_flags(g):
@@ -162,7 +168,7 @@ def _dataset_flags(g):
                    help="synthetic (learnable, offline; upstream's default was mnist), mnist, cifar10, imagenet, "
                         "bytes (a text file, --dataset_train_path, default a shipped public-domain text, as "
                         "--sequence_length byte ids with next-byte targets: a language model's), or FILE.py "
-                        "defining create_dataset(seed) (docs/datasets.md)")
+                        "defining create_dataset(seed), whose code runs (docs/datasets.md)")
     g.add_argument("--targets", default="labels", choices=["labels", "inputs"],
                    help="labels: the class labels; inputs: each image is its own target (an autoencoder's, "
                         "with --loss_func mean_squared_error)")

@@ -9,7 +9,8 @@ Each rank contributes its b_i-weighted share of the global batch's loss and metr
 seconds per sample and wait seconds in its own slot (zeros in the others), and each flag as 0 or 1. The
 sum is then the global batch's mean loss and metrics, every replica's seconds, and each flag raised where
 any rank raised it: every rank takes the same decision after the same step (stop on a NaN loss, raise a
-rank's read error everywhere, write a checkpoint on a signal or when rank 0's clock says it is due).
+rank's read error everywhere, write a checkpoint on a signal or when rank 0's clock says it is due, stop
+and rescue the training when an output failed).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FLAGS = ("data_error", "signal", "checkpoint_due")
+FLAGS = ("data_error", "signal", "checkpoint_due", "output_failed")
 
 
 @dataclass
@@ -29,6 +30,7 @@ class StepRecord:
     data_error: bool = False          # a rank could not read its batch
     signal: bool = False              # a preemption signal arrived on a rank
     checkpoint_due: bool = False      # rank 0's clock says a timed checkpoint is due
+    output_failed: bool = False       # an output (a file rank 0 writes) failed on a rank: stop and rescue
 
     @classmethod
     def of_replica(cls, rank, nreplicas, weighted, compute_s_per_sample, wait_s, **flags) -> StepRecord:

@@ -168,6 +168,7 @@ def _sweep_sizes(a):
 
 def _run(a):
     from pydtnn.sim import report
+    from pydtnn.sim.budget import check_memory, progress_for
     from pydtnn.sim.engine import best_partition, simulate
     P = a.replicas
     if a.steps_per_epoch < 0:
@@ -178,10 +179,11 @@ def _run(a):
         raise ConfigError(f"--replicas {P} must be a multiple of --nodes {a.nodes}")
     if a.network_alg == "hierarchical" and a.nodes == 1:
         raise ConfigError("--network_alg hierarchical needs --nodes > 1")
+    check_memory(max([P, *_sweep_sizes(a)]))         # before anything of that size is allocated
     profiles = _profiles(a, P)
     policy = {"none": "equal"}.get(a.balance, a.balance)
     sc = _scenario(a, P, policy, profiles, a.speed_factors)
-    result = simulate(sc)
+    result = simulate(sc, progress_for(P, a.steps, f"simulating {P} replicas"))
     best = best_partition(_scenario(a, P, "equal", profiles, a.speed_factors))
     sweep = None
     sizes = _sweep_sizes(a)
@@ -196,7 +198,7 @@ def _run(a):
                 speeds = None if a.replica_speeds is None else [a.replica_speeds[i % P] for i in range(p)]
                 s = _scenario(a, p, pol, [profiles[i % P] for i in range(p)], factors)
                 s.replica_speeds = speeds
-                res = simulate(s)
+                res = simulate(s, progress_for(p, a.steps, f"sweep: {pol}, {p} replicas"))
                 rows.append((p, res.step_seconds, res.epoch_seconds, report.scaling_efficiency(res)))
             sweep[pol] = rows
         if a.plot:

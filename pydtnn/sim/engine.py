@@ -122,7 +122,8 @@ def _collective(sc):
                       first.network_inter, sc.nodes)
 
 
-def simulate(sc: Scenario) -> Result:
+def simulate(sc: Scenario, progress=None) -> Result:
+    """`progress`: a bar (`pydtnn.training.progress`) that counts the steps, closed at the end."""
     _check(sc)
     P = sc.replicas
     collective = _collective(sc)
@@ -156,6 +157,10 @@ def simulate(sc: Scenario) -> Result:
             sizes = list(new)
             model = _model(sc, sizes, collective, emulate)
             rebalances += 1
+        if progress is not None:
+            progress.update(1)
+    if progress is not None:
+        progress.close()
     spe = balance.steps_in_epoch(sc.samples, sc.global_batch, sc.steps_per_epoch)
     return Result(sc, steps, sizes, compute_sum / sc.steps, wait_sum / sc.steps, rebalances, spe,
                   extra={"compute_alone": model.compute_alone if model.emulate is None else

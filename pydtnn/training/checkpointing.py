@@ -63,6 +63,15 @@ def load_checkpoint(path: str, model, optimizer, restore_optimizer: bool = True)
         raise CheckpointError(f"checkpoint {path} was written with optimizer {meta.get('optimizer_name')}, "
                               f"not {optimizer.name}")
     state = dict(meta["optimizer"], **opt_arrays)
+    missing = [s for s in optimizer.slots if s not in opt_arrays]
+    if missing and meta["optimizer"]["iterations"] > 0:
+        # resuming would restart these buffers from zero (no momentum, no moments): not the run it continues
+        raise CheckpointError(f"checkpoint {path} lacks the {optimizer.name} optimizer's state "
+                              f"{', '.join(OPTIMIZER_PREFIX + s for s in missing)} after "
+                              f"{meta['optimizer']['iterations']} steps: resuming from it would restart "
+                              f"{'them' if len(missing) > 1 else 'it'} from zero and not continue the run; resume "
+                              f"from a complete checkpoint, or load its weights alone with "
+                              f"--weights_and_bias_filename")
     for key, value in opt_arrays.items():
         if value.shape != (model.nparams,):
             raise CheckpointError(f"checkpoint {path}: optimizer state {key} has shape {value.shape}, expected "
@@ -111,6 +120,8 @@ def validate_meta(meta, path) -> None:
             ("flags", lambda v: isinstance(v, dict), "an object"),
             ("optimizer", lambda v: isinstance(v, dict), "an object")):
         _check(ok(get(key)), path, key, expected, get(key))
+    if "steps_per_epoch" in meta:       # written since the checkpoints say it (older ones do not)
+        _check(_is_int(meta["steps_per_epoch"], 1), path, "steps_per_epoch", "an integer >= 1", meta["steps_per_epoch"])
     n = meta["nreplicas"]
     sizes, rngs = get("sizes"), get("rng_states")
     _check(isinstance(sizes, list) and len(sizes) == n and all(_is_int(s, 1) for s in sizes), path, "sizes",

@@ -5,6 +5,9 @@ A step: this rank's b_i samples of the epoch's shared order (`balance.shard`), t
 (`pydtnn.parallel.DataParallel.step`) with the loop's side of it (`pydtnn.training.step`: the prefetched
 batch, --emulate_speeds, the metrics), the callbacks' `on_batch_end` with what every rank agreed on, the
 balance policy, then a full checkpoint if the ranks agreed on one (`pydtnn.training.preemption`).
+Nothing trained is lost when an output fails: the writers never raise into the loop nor enter a collective of
+their own; the ranks agree on a failure after the step (a flag in its record) or at the epoch's end, and every
+rank stops there together and writes the full checkpoint of that point (`Trainer.rescue`).
 Its options: `pydtnn.training.options`; its state in a checkpoint: `pydtnn.training.trainer_state`; the
 speed probe: `pydtnn.training.probe`; its own callbacks: `pydtnn.training.loop_callbacks`.
 """
@@ -18,12 +21,12 @@ import time
 import numpy as np
 
 from pydtnn.callbacks import call
-from pydtnn.errors import ConfigError, NumericalError
+from pydtnn.errors import ConfigError, NumericalError, OutputError
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
 from pydtnn.observe.timing import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
 from pydtnn.parallel import balance
-from pydtnn.parallel.comm import SerialComm, raise_together
+from pydtnn.parallel.comm import SerialComm, agree_on_error, raise_together
 from pydtnn.parallel.data_parallel import DataParallel
 from pydtnn.parallel.emulation import SpeedEmulator
 from pydtnn.parallel.policies import make_policy
@@ -100,9 +103,11 @@ class Trainer:
         self.start_epoch = 0
         self.checkpoints = StepCheckpoints(ckpt.checkpoint_dir, ckpt.save_steps, ckpt.save_minutes,
                                            ckpt.handle_signals, ckpt.clock)
+        self.checkpoints.rank = self.rank
         self.start_step = 0            # steps already done inside start_epoch (a mid-epoch checkpoint)
         self.resumed_partial = None    # that epoch's partial sums
         self.restored_split = False    # the split came from a checkpoint (no probe needed)
+        self.last_point = None         # (epochs, steps, sums, samples) this run last completed: a rescue's
         self.step_runner = TrainerStep(model, dataset, self.dp, self.loss, self.metric_fns, emulator,
                                        emu.emulate_reference, self.span)
         self.insight = StepInsight(model, self.timeline, bool(self.tracer_output), out.profile_layers,
@@ -128,10 +133,22 @@ class Trainer:
     def train_step(self, indices, epoch, step_sizes, next_indices=None):
         """One global step on this rank's `indices` (`pydtnn.training.step`); returns the StepRecord every
         rank agreed on, whose flags then decide on a checkpoint."""
-        record = self.step_runner.run(indices, epoch, step_sizes, next_indices,
-                               flags=lambda: self.checkpoints.local_flags(self.rank))
+        record = self.step_runner.run(indices, epoch, step_sizes, next_indices, flags=self._local_flags)
         self.checkpoints.agree(record)
         return record
+
+    def _local_flags(self):
+        """This rank's flags for the step's record: a signal, a checkpoint due, an output that failed here."""
+        return dict(self.checkpoints.local_flags(self.rank), output_failed=self.output_failure() is not None)
+
+    def output_failure(self):
+        """The first OutputError one of this rank's writers kept (`output_failure`), or None."""
+        return next((c.output_failure for c in self._callbacks()
+                     if getattr(c, "output_failure", None) is not None), None)
+
+    def agree_on_outputs(self):
+        """A collective: if any rank's writer failed, every rank raises that OutputError (rank 0 its text)."""
+        agree_on_error(self.comm, self.output_failure(), "another rank could not write an output")
 
     def probe_split(self):
         """A policy that asks for it (probe: --balance static without --replica_speeds) gets every replica's
@@ -159,29 +176,47 @@ class Trainer:
         others = [c for c in callbacks if c not in writers]
         # the bar ends on any way out (a diverged loss, an error): before the error's line on stderr
         bar = contextlib.closing(self.progress_bar) if self.progress_bar is not None else contextlib.nullcontext()
-        with self.checkpoints.signal_handlers(), contextlib.closing(self.step_runner.prefetcher), bar:
-            call(callbacks, "on_train_begin", self)
-            for epoch in range(self.start_epoch, num_epochs):
-                self.first_step, self.start_step = self.start_step, 0
-                call(callbacks, "on_epoch_begin", self, epoch)
-                logs = self.train_epoch(epoch, num_epochs, self.first_step)
-                self.epochs_run += 1
-                call(others, "on_epoch_end", self, epoch, logs)
-                logs["learning_rate_next"] = self.optimizer.learning_rate
-                self.history.append(logs)
-                call(writers, "on_epoch_end", self, epoch, logs)
-                if self.stop_training or epoch + 1 == num_epochs:
-                    break
-                if self.checkpoints.due(epoch, self.steps_per_epoch - 1, self.steps_per_epoch):
-                    self._step_checkpoint(epoch + 1, 0)
-            call(callbacks, "on_train_end", self)
-        self.elapsed = time.perf_counter() - t_start
-        if self.tracer_output:
-            # a collective (it gathers every rank's timeline); rank 0 writes
-            raise_together(self.comm, lambda: write_chrome_trace(self.tracer_output, self.timeline,
-                                                                 self.comm if self.nreplicas > 1 else None),
-                           "rank 0 could not write the trace")
+        self.last_point = None
+        try:
+            with self.checkpoints.signal_handlers(), contextlib.closing(self.step_runner.prefetcher), bar:
+                call(callbacks, "on_train_begin", self)
+                self.agree_on_outputs()          # a full disk at start-up: refused before the first step
+                for epoch in range(self.start_epoch, num_epochs):
+                    self.first_step, self.start_step = self.start_step, 0
+                    call(callbacks, "on_epoch_begin", self, epoch)
+                    logs = self.train_epoch(epoch, num_epochs, self.first_step)
+                    self.epochs_run += 1
+                    call(others, "on_epoch_end", self, epoch, logs)
+                    logs["learning_rate_next"] = self.optimizer.learning_rate
+                    self.history.append(logs)
+                    self.last_point = (epoch + 1, 0, None, 0)
+                    call(writers, "on_epoch_end", self, epoch, logs)
+                    self.agree_on_outputs()
+                    if self.stop_training or epoch + 1 == num_epochs:
+                        break
+                    if self.checkpoints.due(epoch, self.steps_per_epoch - 1, self.steps_per_epoch):
+                        self._step_checkpoint(epoch + 1, 0)
+                call(callbacks, "on_train_end", self)
+            self.elapsed = time.perf_counter() - t_start
+            if self.tracer_output:
+                # a collective (it gathers every rank's timeline); rank 0 writes
+                raise_together(self.comm, lambda: write_chrome_trace(self.tracer_output, self.timeline,
+                                                                     self.comm if self.nreplicas > 1 else None),
+                               "rank 0 could not write the trace")
+            self.agree_on_outputs()              # the end's writes (the plot, the last TensorBoard flush)
+        except OutputError as e:
+            # every rank is here together (each failure above was agreed on): nothing trained is lost
+            raise OutputError(f"{e}; {self.rescue(num_epochs)}") from None
+        except BaseException:
+            self.flush_outputs()                 # a preemption, a diverged loss: the files hold every step so far
+            raise
         return self.history
+
+    def flush_outputs(self):
+        """The writers' files brought up to the last step (rank 0 writes; a failure is only kept)."""
+        for c in self._callbacks():
+            if callable(getattr(c, "flush", None)):
+                c.flush(self)
 
     def _callbacks(self):
         """Every callback in the order each hook runs: the schedulers, the user's, then the loop's own
@@ -224,6 +259,9 @@ class Trainer:
                  {"loss": record.loss, **{m: float(v) for m, v in zip(self.metric_names, record.metrics)},
                   "learning_rate": rate, "batch_size": step_total, **timing})
             self.dp.after_step(global_step, record.compute_s_per_sample)
+            self.last_point = (epoch, step + 1, sums.copy(), samples)
+            if record.output_failed and step + 1 < self.steps_per_epoch:
+                self.agree_on_outputs()          # raises on every rank: fit's rescue follows
             if step + 1 < self.steps_per_epoch and self.checkpoints.due(epoch, step, self.steps_per_epoch):
                 self._step_checkpoint(epoch, step + 1, trainer_state.partial_epoch(self, sums, samples))
         self._sync_running_stats()
@@ -275,20 +313,29 @@ class Trainer:
         """Full state after `epoch` epochs and `step` more steps (a collective: every rank calls it; rank 0
         writes). An OutputError is raised on every rank; the previous file at `path` stays intact."""
         trainer_state.save(self, path, epoch, step=step, partial=partial)
+        self.checkpoints.latest = path
 
     def resume(self, path, keep_split=True, learning_rate=None, restore_optimizer=True):
         """Restore the state of a checkpoint (configuration stays the command line's); what is kept and
         what the caller's choices override: `pydtnn.training.trainer_state.restore`."""
-        return trainer_state.restore(self, path, keep_split=keep_split, learning_rate=learning_rate,
+        meta = trainer_state.restore(self, path, keep_split=keep_split, learning_rate=learning_rate,
                                      restore_optimizer=restore_optimizer)
+        self.checkpoints.latest = path
+        return meta
 
     def _step_checkpoint(self, epoch, step, partial=None):
         """A full checkpoint `epoch` epochs and `step` steps in; on a signal, then raise Preempted."""
         self.checkpoints.write(self.save_checkpoint, self.comm, epoch, step, self.steps_per_epoch, partial)
 
-    def rescue_checkpoint(self, epochs):
-        """A full checkpoint after `epochs` epochs when an output failed (a collective); what to tell."""
-        return self.checkpoints.rescue(self.save_checkpoint, epochs, self.num_epochs)
+    def rescue(self, num_epochs):
+        """After an output failed (every rank calls it, together): the other outputs flushed, then a full
+        checkpoint of the last point this run completed, where it can be written; returns what to tell."""
+        self.flush_outputs()
+        if self.last_point is None:
+            return "no training step had run: nothing to save"
+        epoch, step, sums, samples = self.last_point
+        partial = trainer_state.partial_epoch(self, sums, samples) if step else None
+        return self.checkpoints.rescue(self.save_checkpoint, epoch, step, partial, num_epochs, self.steps_per_epoch)
 
     def report(self):
         """The final report's lines: time, time per epoch, throughput, peak memory."""

@@ -13,27 +13,30 @@ import time
 from pydtnn.callbacks import Callback
 from pydtnn.errors import OutputError
 from pydtnn.outputs import atomic_write
-from pydtnn.parallel.comm import raise_together
 from pydtnn.training.progress import progress
 
 
 class HistoryWriter(Callback):
     """After every epoch, `trainer.history` (the new row included) to `path`: CSV, or JSON for a .json name.
 
-    Rank 0 writes, atomically; a failure is raised on every rank. Nothing is lost then: the error says
-    where the full checkpoint of that epoch went (`Trainer.rescue_checkpoint`), the weights stay trained.
+    Rank 0 writes, atomically, and enters no collective (every rank runs the same collectives whatever its
+    own flags). A failure is kept in `output_failure`: the loop agrees on it with the other ranks at the
+    epoch's end and answers with its rescue (the full checkpoint of that epoch, the weights), so nothing
+    trained is lost.
     """
     saves_files = True      # runs after the epoch's row is recorded, first of the callbacks that write
 
     def __init__(self, path):
         self.path = path
+        self.output_failure = None
 
     def on_epoch_end(self, trainer, epoch, logs):
+        if trainer.rank != 0 or self.output_failure is not None:
+            return
         try:
-            raise_together(trainer.comm, lambda: self.write(trainer.history), "rank 0 could not write the history file",
-                           rank0_only=True)
-        except OutputError as e:       # nothing lost: the state after this epoch, then the error
-            raise OutputError(f"{e}; {trainer.rescue_checkpoint(epoch + 1)}") from None
+            self.write(trainer.history)
+        except OutputError as e:
+            self.output_failure = e
 
     def write(self, history):
         if self.path.endswith(".json"):

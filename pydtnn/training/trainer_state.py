@@ -1,6 +1,6 @@
 """The Trainer's state in a full checkpoint (`pydtnn.training.checkpointing`): what it writes, how it resumes.
 
-Written: the epoch and the step inside it, the split, every rank's RNG state, the seed, the history, the
+Written: the epoch and the step inside it (and the steps per epoch), the split, every rank's RNG state, the seed, the history, the
 schedulers' and the balance policy's states, the flags, and (a checkpoint inside an epoch) that epoch's
 partial sums and every rank's timing totals, so that the resumed epoch's history row is bit-exact.
 Resumed: elastic (a checkpoint of P replicas resumes on Q), with what the caller chose anew winning over
@@ -26,7 +26,7 @@ def save(trainer, path, epoch, step=0, partial=None):
     rng_states = t.comm.gather_object(_rng_state(t.model), root=0)
 
     def write():
-        meta = {"epoch": int(epoch), "step": int(step), "nreplicas": t.nreplicas,
+        meta = {"epoch": int(epoch), "step": int(step), "steps_per_epoch": t.steps_per_epoch, "nreplicas": t.nreplicas,
                 "sizes": list(map(int, t.sizes)), "rng_states": rng_states, "seed": t.seed,
                 "history": t.history, "schedulers": [[s.name, s.state_dict()] for s in t.schedulers],
                 "balancer": None, "balance_policy": t.policy.name,

@@ -200,12 +200,16 @@ def test_resume_explicit_flags_win_and_the_others_come_from_the_checkpoint(tmp_p
     assert r.returncode == 0, r.stderr
     params = dict(l.split(None, 1) for l in r.stdout.splitlines() if l.startswith("  ") and len(l.split()) == 2)
     assert params["seed"] == "3" and params["learning_rate"] == "0.02" and params["momentum"] == "0.5", params
-    assert "resume:" not in r.stdout and "learning rate in force" not in r.stdout
+    # the one resume line: the checkpoint's outputs are not this run's (a checkpoint never chooses a path)
+    assert [l for l in r.stdout.splitlines() if l.startswith("resume:")] == [
+        f"resume: outputs come from this command line, not from the checkpoint's run (which wrote "
+        f"--checkpoint_dir {os.path.dirname(ck)})"], r.stdout
+    assert "learning rate in force" not in r.stdout
     # an explicit rate wins over the checkpoint's, with one line, and trains at it
     r = launch(*base, "--resume", ck, "--num_epochs", "2", "--learning_rate", "0.05", "--checkpoint_dir",
                tmp_path / "b", "--history_file", tmp_path / "b.csv")
     assert r.returncode == 0, r.stderr
-    lines = [l for l in r.stdout.splitlines() if l.startswith("resume:")]
+    lines = [l for l in r.stdout.splitlines() if l.startswith("resume:") and "outputs come from" not in l]
     assert lines == ["resume: --learning_rate 0.05 instead of the checkpoint's 0.02: training continues at the new "
                      "rate, not at the checkpoint's"], r.stdout
     rows = (tmp_path / "b.csv").read_text().splitlines()

@@ -145,6 +145,41 @@ def test_flags_newer_than_the_checkpoint_keep_this_runs_value():
     assert p.label_smoothing == 0.1 and lines == []
 
 
+def test_a_checkpoint_never_names_this_runs_outputs():
+    saved = _saved(history_file="/elsewhere/h.csv", checkpoint_dir="../../x", save_weights_and_bias_filename="w.npz")
+    argv = ["--resume", "ck.npz"]
+    p = parse_args(argv)
+    changes, _, lines = cc.merge_resumed_flags(build_parser(), p, cc.given_flags(build_parser, argv), saved, "ck.npz")
+    assert p.history_file is None and p.checkpoint_dir == "checkpoints" and p.save_weights_and_bias_filename is None
+    assert not set(changes) & set(cc.OUTPUT_FLAGS)
+    assert lines == ["resume: outputs come from this command line, not from the checkpoint's run (which wrote "
+                     "--history_file /elsewhere/h.csv, --save_weights_and_bias_filename w.npz, --checkpoint_dir ../../x)"]
+
+
+@pytest.mark.parametrize("flag, value, refused", [
+    ("dataset_name", "data.py", True), ("dataset_name", "mnist", False),
+    ("model_name", "net.py", True), ("model_name", "models/net", True), ("model_name", "simplemlp", False),
+    ("gradient_weighting", "w.py:weights", True), ("gradient_weighting", "pkg.mod:weights", True),
+    ("gradient_weighting", "uniform", False),
+    ("balance", "p.py:Policy", True), ("balance", "dynamic", False),
+    ("dataset_train_path", "/data", True), ("dataset_test_path", "/data", True),
+])
+def test_a_checkpoint_never_loads_code_or_reads_a_path(flag, value, refused):
+    p = parse_args(["--resume", "ck.npz"])
+    saved = _saved(**{flag: value})
+    if not refused:
+        cc.merge_resumed_flags(build_parser(), p, {"resume"}, saved, "ck.npz")
+        assert getattr(p, flag) == value
+        return
+    with pytest.raises(CheckpointError, match="never (loads code|chooses a path)"):
+        cc.merge_resumed_flags(build_parser(), p, {"resume"}, saved, "ck.npz")
+    # given on this command line (a dataset file must exist to parse: set as the parser would), it is the user's
+    p = parse_args(["--resume", "ck.npz"])
+    setattr(p, flag, value)
+    cc.merge_resumed_flags(build_parser(), p, {"resume", flag}, saved, "ck.npz")
+    assert getattr(p, flag) == value
+
+
 # --- the ranks agree on their flags ---------------------------------------------------------------------
 
 def _digests(args):

@@ -61,10 +61,10 @@ def test_one_process_step_is_plain_sgd_on_the_batch():
 def test_step_record_packs_into_one_array_whose_sum_is_what_the_ranks_agree_on():
     from pydtnn.parallel.step_record import StepRecord
     a = StepRecord.of_replica(0, 2, np.array([0.5, 0.25]), 0.01, 0.002, signal=True)
-    b = StepRecord.of_replica(1, 2, np.array([1.0, 0.5]), 0.03, 0.004, data_error=True)
+    b = StepRecord.of_replica(1, 2, np.array([1.0, 0.5]), 0.03, 0.004, data_error=True, output_failed=True)
     packed = a.pack() + b.pack()                    # what the SUM-allreduce does
-    assert packed.dtype == np.float64 and packed.shape == (2 + 2 * 2 + 3,)
+    assert packed.dtype == np.float64 and packed.shape == (2 + 2 * 2 + 4,)
     agreed = StepRecord.unpack(packed, nmetrics=1, nreplicas=2)
     assert agreed.loss == 1.5 and list(agreed.metrics) == [0.75] and list(agreed.means) == [1.5, 0.75]
     assert list(agreed.compute_s_per_sample) == [0.01, 0.03] and list(agreed.wait_s) == [0.002, 0.004]
-    assert (agreed.data_error, agreed.signal, agreed.checkpoint_due) == (True, True, False)
+    assert (agreed.data_error, agreed.signal, agreed.checkpoint_due, agreed.output_failed) == (True, True, False, True)

@@ -20,6 +20,11 @@ How the agreed end is made quiet depends on the MPI:
   process can turn it off: only an mpiexec setting does (state_base_error_non_zero_exit=0), and that
   also makes the job's status 0.
 
+Open MPI's launcher, sent SIGTERM or SIGINT (Ctrl-C), ends the job itself: it sends the ranks SIGCONT, then
+SIGTERM a quarter of a second later, then SIGKILL a quarter of a second after that (measured with Open MPI
+5.0.11; no setting changes it), and from the first signal on it forwards nothing the ranks print. Rank 0,
+a child of that launcher, then writes its line straight to the launcher's own stderr (`tell_launcher`).
+
 Before MPI starts (a bad flag), a process of a job of several processes initializes MPI to agree the same
 way; if that fails, the job's environment (`pydtnn.parallel.runtime.environment`) says which process is
 rank 0.
@@ -80,10 +85,41 @@ def exit_on_user_error(message) -> None:
     _end_together(mpi, USER_ERROR_STATUS, f"pydtnn: error: {message}")
 
 
-def end_job(status: int, line: str) -> None:
+def end_job(status: int, line: str, launcher_ending: bool = False) -> None:
     """Every rank calls this together (they agreed in a collective): rank 0 prints ``line`` on stderr
-    and every rank ends with ``status``, as quietly as the MPI allows."""
-    _end_together(_mpi_world(start=False), status, line)
+    and every rank ends with ``status``, as quietly as the MPI allows. ``launcher_ending``: the launcher
+    itself is ending the job (Open MPI's, signalled): rank 0 also writes the line straight to it."""
+    mpi = _mpi_world(start=False)
+    if launcher_ending and mpi is not None and mpi.COMM_WORLD.Get_rank() == 0:
+        tell_launcher(line)
+    _end_together(mpi, status, line)
+
+
+def launcher_stderr():
+    """The path of the stderr of Open MPI's launcher (prterun) when it is this process's parent, else None."""
+    if os.environ.get("PRTE_LAUNCHED") != "1":
+        return None
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/comm") as f:
+            name = f.read().strip()
+    except OSError:
+        return None
+    return f"/proc/{parent}/fd/2" if name in ("prterun", "prte", "mpirun", "mpiexec") else None
+
+
+def tell_launcher(line: str) -> bool:
+    """Write ``line`` straight to Open MPI's launcher's stderr (the terminal or log its user reads), which
+    no longer forwards what the ranks print once it ends the job; whether it could."""
+    path = launcher_stderr()
+    if path is None:
+        return False
+    try:
+        with open(path, "a") as f:        # a log file: at its end, never over what is there
+            f.write(line + "\n")
+    except OSError:
+        return False
+    return True
 
 
 def _unread_bytes(fd: int) -> int:
