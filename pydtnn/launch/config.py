@@ -75,10 +75,17 @@ def configure(p, nreplicas: int, many_processes: bool = False) -> RunConfig:
         raise ConfigError(f"--replica_speeds has {len(p.replica_speeds)} values for {P} replicas")
     if p.emulate_speeds and len(p.emulate_speeds) != P:
         raise ConfigError(f"--emulate_speeds has {len(p.emulate_speeds)} values for {P} replicas")
+    if p.emulate_costs or p.emulate_schedule:
+        from pydtnn.parallel.emulation import for_replica
+        if p.emulate_speeds and p.emulate_costs:
+            raise ConfigError("--emulate_costs gives every replica's costs: --emulate_speeds cannot be combined with it")
+        for_replica(0, P, p.emulate_costs, p.emulate_schedule)      # parsed and checked: one line
+    if p.balance_options and not data:
+        raise ConfigError("--balance_options is used by --parallel data only")
     rate, why = learning_rate_in_force(p, P)
     check_schedules(p, rate, why)
-    policy = make_policy(p.balance if data else "none", speeds=p.replica_speeds,
-                         interval=p.rebalance_interval)      # a user's file: refused before any work
+    policy = make_policy(p.balance if data else "none", speeds=p.replica_speeds, interval=p.rebalance_interval,
+                         options=p.balance_options)      # a user's file: refused before any work
     weighting = make_weighting(p.gradient_weighting)
     metrics = [m.strip() for m in p.metrics.split(",") if m.strip()]
     return RunConfig(p=p, nreplicas=P, data_parallel=data, devices=devices, learning_rate=rate,
@@ -101,7 +108,12 @@ EXECUTION_FLAGS = frozenset({
     "enable_gpu", "devices", "enable_nccl", "enable_gpudirect", "non_blocking_mpi", "precision",
     "conv_algorithm", "enable_conv_winograd", "enable_cudnn_auto_conv_alg", "enable_conv_gemm",
     "enable_memory_cache", "tensor_format", "shared_storage", "download", "enable_fused_bn_relu",
-    "enable_fused_conv_relu", "enable_fused_conv_bn", "enable_fused_conv_bn_relu", "enable_best_of"})
+    "enable_fused_conv_relu", "enable_fused_conv_bn", "enable_fused_conv_bn_relu", "enable_best_of",
+    "restore_emulation"})
+
+# Emulation is a property of a run, not of the model: a resumed run (on other replicas, say) emulates what its
+# own command line asks, and the checkpoint's run's only with --restore_emulation true.
+EMULATION_FLAGS = frozenset({"emulate_speeds", "emulate_costs", "emulate_schedule"})
 
 
 def given_flags(build_parser, argv) -> frozenset:
@@ -184,6 +196,13 @@ def merge_resumed_flags(parser, p, given, saved: dict, path: str):
     parameters."""
     dests = [d for d in flag_dests(parser) if d not in EXECUTION_FLAGS]
     lines, inherited, anew = [], [], set()
+    if not getattr(p, "restore_emulation", False):
+        dests = [d for d in dests if d not in EMULATION_FLAGS]
+        left = [f"{option_of(parser, d)} {flag_text(saved[d])}" for d in sorted(EMULATION_FLAGS)
+                if saved.get(d) not in (None, "") and d not in given]
+        if left:
+            lines.append(f"resume: the checkpoint's run emulated {', '.join(left)}; this run does not "
+                         f"(--restore_emulation true would)")
     for dest in dests:
         if dest not in saved:
             continue                       # a flag newer than the checkpoint: this run's value
