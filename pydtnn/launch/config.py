@@ -82,6 +82,9 @@ def configure(p, nreplicas: int, many_processes: bool = False) -> RunConfig:
         for_replica(0, P, p.emulate_costs, p.emulate_schedule)      # parsed and checked: one line
     if p.balance_options and not data:
         raise ConfigError("--balance_options is used by --parallel data only")
+    if p.sync_batchnorm and (p.balance_options or {}).get("allow_zero") not in (None, ""):
+        raise ConfigError("--balance_options allow_zero cannot be combined with --sync_batchnorm: a replica "
+                          "without samples would not join the BatchNorm reductions")
     rate, why = learning_rate_in_force(p, P)
     check_schedules(p, rate, why)
     policy = make_policy(p.balance if data else "none", speeds=p.replica_speeds, interval=p.rebalance_interval,

@@ -152,6 +152,14 @@ class DataParallel:
         self.model.backend.synchronize()
         return value, y_pred
 
+    def no_samples(self, x, y, weight):
+        """A step this replica sits out (a policy's split gave it 0 samples, where --balance_options allow_zero
+        lets it): a zero gradient in the reduction, no compute."""
+        self.model.grads[...] = 0
+        if self.reducer is not None:
+            self.reducer.start_step()
+        return 0.0, None
+
     def reduce(self):
         """The SUM-allreduce of the weighted gradients: every rank then holds sum_i w_i g_i."""
         if self.reducer is not None:
@@ -173,7 +181,7 @@ class DataParallel:
         flags `flags()` returns (read after the update: a signal during the step counts in it) are agreed
         on with the record."""
         b_i = len(x)
-        gradients = gradients or self.local_gradients
+        gradients = (gradients or self.local_gradients) if b_i else self.no_samples
         self.timer.start_step(b_i)
         with self.timer.compute(None):       # the layers' own events show it when tracing
             value, y_pred = gradients(x, y, weight)
@@ -181,8 +189,9 @@ class DataParallel:
             self.reduce()
         with self.timer.phase("update", category="update"):
             self.update()
-        weighted = np.asarray([value] + [f(y_pred, y) for f in metric_fns]) * share
-        mine = StepRecord.of_replica(self.rank, self.nreplicas, weighted, self.timer.step_compute_s / b_i,
+        weighted = np.asarray([value] + [f(y_pred, y) if b_i else 0.0 for f in metric_fns]) * share
+        mine = StepRecord.of_replica(self.rank, self.nreplicas, weighted,
+                                     self.timer.step_compute_s / b_i if b_i else float("nan"),
                                      self.timer.step_wait_s,      # not the wait of this record's own reduction
                                      data_error=data_error, **(flags() if flags is not None else {}))
         packed = mine.pack()

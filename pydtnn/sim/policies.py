@@ -36,7 +36,7 @@ class PolicyDriver:
     def _take(self, sizes):
         sizes = balance.check_split(sizes, self.global_batch, self.nreplicas, self.caps, self.who,
                                     self.policy.allow_zero)
-        self.policy.sizes = list(sizes)
+        self.policy.sizes, self.sizes = list(sizes), list(sizes)
         return list(sizes)
 
     @property
