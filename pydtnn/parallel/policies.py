@@ -147,14 +147,20 @@ class FPMPolicy(BalancePolicy):
 class DynamicPolicy(FPMPolicy):
     """FPM, then refits during training: every `interval` steps each replica's median compute seconds at
     its b_i (warm-up steps left out) is folded into its model, and the model solved again; the new split
-    is taken when it predicts a makespan at least `hysteresis` (5%) shorter. A point off the model by more
-    than `drift` (10%) means the device changed speed (a straggler, another job): its other points are
-    scaled by the same factor first, so the model follows within an interval or two.
+    is taken when it predicts a makespan at least `hysteresis` (5%) shorter.
+
+    Folding: a median off the model by more than `drift` (10%) and by more than 3 standard errors of the
+    replica's step-to-step noise (its robust spread, averaged over intervals), in two intervals in a row and
+    the same direction, means the device changed speed (a straggler, another job): every point of that
+    replica is scaled by the same factor and the median replaces its point, so the model follows within
+    two or three intervals. Anything else is noise: the median moves its point by `SMOOTHING` of the
+    difference (an average over intervals, so that noise does not flip the split back and forth).
 
     Options: those of fpm, and hysteresis, drift, probe (false: start from the equal split and learn
     from training steps alone)."""
     name = "dynamic"
     checkpoint_key = "balancer"          # the key of the checkpoints written before policies were plug-ins
+    SMOOTHING = 0.15
 
     def __init__(self, interval=20, hysteresis=0.05, drift=0.10, probe=True, **fpm):
         super().__init__(**fpm)
@@ -163,10 +169,13 @@ class DynamicPolicy(FPMPolicy):
         self.drift = _float_option("drift", drift, 0.0, math.inf)
         self.wants_costs = _bool_option("probe", probe)
         self.window: list[list] = []
+        self.noise: list = []          # per replica: its steps' relative spread, averaged over intervals
+        self.suspect: list = []        # per replica: the direction of last interval's large deviation, or 0
         self.n_rebalances = 0
 
     def initial_sizes(self, global_batch, nreplicas, caps):
         self.window = [[] for _ in range(int(nreplicas))]
+        self.noise, self.suspect = [None] * int(nreplicas), [0] * int(nreplicas)
         return super().initial_sizes(global_batch, nreplicas, caps)
 
     def after_step(self, step, report):
@@ -189,31 +198,35 @@ class DynamicPolicy(FPMPolicy):
 
     def fold(self):
         """Each replica's window (the steps of the interval) into its model: the median at its usual b."""
-        points = []
-        for win in self.window:
-            if not win:
-                points.append(None)
-                continue
-            bs = [b for b, _ in win]
-            b = max(set(bs), key=lambda v: (bs.count(v), v))
-            points.append((b, float(np.median([t for v, t in win if v == b]))))
+        points = [_window_point(win) for win in self.window]
         self.window = [[] for _ in self.window]
         if self.model is None:
             if any(p is None for p in points):
                 return
-            self.model = CostModel([ReplicaCost([p]) for p in points], self.devices)
+            self.model = CostModel([ReplicaCost([p[:2]]) for p in points], self.devices)
+            self.noise = [p[2] for p in points]
             return
-        for cost, p in zip(self.model.replicas, points):
+        for i, (cost, p) in enumerate(zip(self.model.replicas, points)):
             if p is None:
                 continue
-            predicted = float(cost.seconds(p[0]))
-            if predicted > 0 and abs(p[1] / predicted - 1) > self.drift:
-                cost.scale(p[1] / predicted)
-            cost.add(*p)
+            b, t, spread, n = p
+            self.noise[i] = spread if self.noise[i] is None else self.noise[i] + 0.2 * (spread - self.noise[i])
+            off = t / float(cost.seconds(b)) - 1
+            large = abs(off) > max(self.drift, 3 * 1.25 * self.noise[i] / np.sqrt(n))
+            if large and np.sign(off) == self.suspect[i]:    # twice: the device changed speed, all its points
+                cost.scale(1 + off)
+                cost.add(b, t)
+                self.suspect[i] = 0
+                continue
+            self.suspect[i] = int(np.sign(off)) if large else 0
+            if b in cost.points:                              # noise: an average over intervals
+                cost.add(b, cost.points[b] + self.SMOOTHING * (t - cost.points[b]))
+            else:
+                cost.add(b, t)
 
     def state_dict(self):
         return {**super().state_dict(), "window": [[list(p) for p in w] for w in self.window],
-                "n_rebalances": self.n_rebalances}
+                "noise": list(self.noise), "suspect": list(self.suspect), "n_rebalances": self.n_rebalances}
 
     def load_state_dict(self, state):
         if "ema" in state:                 # a checkpoint of the constant-model balancer: its speeds, one point each
@@ -230,7 +243,24 @@ class DynamicPolicy(FPMPolicy):
         if len(window) not in (0, self.nreplicas):
             raise ConfigError(f"'window' has {len(window)} replicas for {self.nreplicas}")
         self.window = [[(int(b), float(t)) for b, t in w] for w in window] or [[] for _ in range(self.nreplicas)]
+        noise, suspect = state.get("noise", []), state.get("suspect", [])
+        self.noise = [None if v is None else float(v) for v in noise] if len(noise) == self.nreplicas \
+            else [None] * self.nreplicas
+        self.suspect = [int(v) for v in suspect] if len(suspect) == self.nreplicas else [0] * self.nreplicas
         self.n_rebalances = int(state.get("n_rebalances", 0))
+
+
+def _window_point(win):
+    """(b, median seconds, relative spread of the steps, their count) of an interval's steps at the b most
+    of them ran (the larger b on a tie), or None for an empty window."""
+    if not win:
+        return None
+    bs = [b for b, _ in win]
+    b = max(set(bs), key=lambda v: (bs.count(v), v))
+    ts = np.array([t for v, t in win if v == b])
+    med = float(np.median(ts))
+    spread = 1.4826 * float(np.median(np.abs(np.log(ts / med))))      # the MAD of log times: a robust sigma
+    return b, med, spread, len(ts)
 
 
 # ----------------------------------------------------------------------------------------- options
