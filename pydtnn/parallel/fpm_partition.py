@@ -30,6 +30,8 @@ from pydtnn.errors import ConfigError
 
 __all__ = ["equal_finish"]
 
+TABLE_MAX = 1 << 16         # a piecewise replica's t(b) is tabulated when it may hold at most this many b
+
 
 def equal_finish(global_batch: int, model, caps=None, minimum=None, buckets=None) -> list[int]:
     """The split of `global_batch` samples with the smallest predicted makespan under `model`."""
@@ -87,21 +89,43 @@ def _vectorized(costs):
         for k in others:
             t[k] = costs[k].seconds(b[k])
         return np.where(b <= 0, 0.0, t)
+    seconds.affine, seconds.a, seconds.c, seconds.others, seconds.costs = affine, a, c_, others, costs
     return seconds
 
 
 def _fill_to(seconds, lo, hi, B):
     """b_i(T) for the largest T (bisection) with sum_i b_i(T) <= B: every sample whose increment
     t_i(b + 1) is below T, which the greedy would have handed out first."""
+    affine, a_, c_ = seconds.affine, seconds.a, seconds.c
+    # the others (piecewise) tabulated at every b they may hold, where that is small: b(T) by a search
+    tables = {}
+    for k in seconds.others:
+        if hi[k] - lo[k] <= TABLE_MAX:
+            bs = np.arange(lo[k], hi[k] + 1)
+            tables[int(k)] = seconds.costs[k].seconds(bs)
+    searched = np.array([k for k in seconds.others if int(k) not in tables], dtype=np.int64)
+
     def taken(T):
-        # per replica, the largest b in [lo, hi] with t(b) <= T (t non-decreasing): integer bisection
-        a, z = lo.copy(), hi.copy()
-        while np.any(a < z):
-            mid = (a + z + 1) // 2
-            ok = seconds(mid) <= T
-            a = np.where(ok, mid, a)
-            z = np.where(ok, z, mid - 1)
-        return a
+        # per replica, the largest b in [lo, hi] with t(b) <= T (t non-decreasing): for a line at once
+        # (then checked against t itself, which rounding could put one sample off), else integer bisection
+        with np.errstate(divide="ignore", invalid="ignore"):
+            guess = np.where(c_ > 0, np.floor((T - a_) / np.where(c_ > 0, c_, 1.0)), np.where(a_ <= T, hi, lo))
+        b = np.clip(np.where(affine, guess, lo), lo, hi).astype(np.int64)
+        b = np.where(affine & (b > lo) & (seconds(b) > T), b - 1, b)
+        for k, table in tables.items():
+            b[k] = lo[k] + max(int(np.searchsorted(table, T, side="right")) - 1, 0)
+        if searched.size:
+            k = searched
+            x, z = lo[k].copy(), hi[k].copy()
+            while np.any(x < z):
+                mid = (x + z + 1) // 2
+                full = b.copy()
+                full[k] = mid
+                ok = seconds(full)[k] <= T
+                x = np.where(ok, mid, x)
+                z = np.where(ok, z, mid - 1)
+            b[k] = x
+        return b
     t_lo = 0.0
     t_hi = float(np.max(seconds(hi)))
     best = lo.copy()
