@@ -60,6 +60,6 @@ def agree(comm, policy, split, error, when: str):
     if np.all(every[:, 1] == every[0, 1]):
         return split
     splits = comm.gather_object(None if split is None else [int(b) for b in split], root=0)
-    shown = "; ".join(f"rank {r}: {s}" for r, s in enumerate(splits or [])[:4])
+    shown = "; ".join(f"rank {r}: {s}" for r, s in list(enumerate(splits or []))[:4])
     raise ConfigError(f"balance policy {policy.name} returned different splits on different ranks {when} "
                       f"({shown}): a policy must decide the same on every rank (it is given the same numbers)")
