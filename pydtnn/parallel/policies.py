@@ -153,8 +153,9 @@ class DynamicPolicy(FPMPolicy):
     replica's step-to-step noise (its robust spread, averaged over intervals), in two intervals in a row and
     the same direction, means the device changed speed (a straggler, another job): every point of that
     replica is scaled by the same factor and the median replaces its point, so the model follows within
-    two or three intervals. Anything else is noise: the median moves its point by `SMOOTHING` of the
-    difference (an average over intervals, so that noise does not flip the split back and forth).
+    two intervals (a large deviation seen once, a pause or a hiccup, is left out). Anything else is noise: the
+    median moves its point by `SMOOTHING` of the difference (an average over intervals, so that noise does
+    not flip the split back and forth).
 
     Options: those of fpm, and hysteresis, drift, probe (false: start from the equal split and learn
     from training steps alone)."""
@@ -219,6 +220,8 @@ class DynamicPolicy(FPMPolicy):
                 self.suspect[i] = 0
                 continue
             self.suspect[i] = int(np.sign(off)) if large else 0
+            if large:                                         # once: a hiccup, or a change to confirm
+                continue
             if b in cost.points:                              # noise: an average over intervals
                 cost.add(b, cost.points[b] + self.SMOOTHING * (t - cost.points[b]))
             else:

@@ -128,6 +128,7 @@ def validate_meta(meta, path) -> None:
     bal = get("balancer")
     if bal is not None:
         _check(isinstance(bal, dict), path, "balancer", "null or an object", bal)
+    if isinstance(bal, dict) and "ema" in bal:      # the constant-model balancer's (the FPM policy checks its own)
         for key in ("sizes", "ema") + (("window_sum",) if "window" not in bal else ()):
             v = bal.get(key)
             _check(isinstance(v, list) and all(_is_num(x) for x in v), path, f"balancer.{key}", "a list of numbers", v)
