@@ -149,13 +149,14 @@ class DynamicPolicy(FPMPolicy):
     its b_i (warm-up steps left out) is folded into its model, and the model solved again; the new split
     is taken when it predicts a makespan at least `hysteresis` (5%) shorter.
 
-    Folding: a median off the model by more than `drift` (10%) and by more than 3 standard errors of the
-    replica's step-to-step noise (its robust spread, averaged over intervals), in two intervals in a row and
-    the same direction, means the device changed speed (a straggler, another job): every point of that
+    Folding: a median at a local batch the replica has a point at, off that point by more than `drift`
+    (10%) and by more than 3 standard errors of the replica's step-to-step noise (its robust spread,
+    averaged over intervals), in two intervals in a row and the same direction, means the device changed
+    speed (a straggler, another job): every point of that
     replica is scaled by the same factor and the median replaces its point, so the model follows within
     two intervals (a large deviation seen once, a pause or a hiccup, is left out). Anything else is noise: the
     median moves its point by `SMOOTHING` of the difference (an average over intervals, so that noise does
-    not flip the split back and forth).
+    not flip the split back and forth). A median at a new local batch is a new point: the model's shape.
 
     Options: those of fpm, and hysteresis, drift, probe (false: start from the equal split and learn
     from training steps alone)."""
@@ -212,7 +213,11 @@ class DynamicPolicy(FPMPolicy):
                 continue
             b, t, spread, n = p
             self.noise[i] = spread if self.noise[i] is None else self.noise[i] + 0.2 * (spread - self.noise[i])
-            off = t / float(cost.seconds(b)) - 1
+            if b not in cost.points:                          # a new local batch: the model's shape there
+                cost.add(b, t)
+                self.suspect[i] = 0
+                continue
+            off = t / cost.points[b] - 1                      # at a b it ran before: the same work
             large = abs(off) > max(self.drift, 3 * 1.25 * self.noise[i] / np.sqrt(n))
             if large and np.sign(off) == self.suspect[i]:    # twice: the device changed speed, all its points
                 cost.scale(1 + off)
@@ -220,12 +225,8 @@ class DynamicPolicy(FPMPolicy):
                 self.suspect[i] = 0
                 continue
             self.suspect[i] = int(np.sign(off)) if large else 0
-            if large:                                         # once: a hiccup, or a change to confirm
-                continue
-            if b in cost.points:                              # noise: an average over intervals
-                cost.add(b, cost.points[b] + self.SMOOTHING * (t - cost.points[b]))
-            else:
-                cost.add(b, t)
+            if not large:                                     # noise: an average over intervals (once large:
+                cost.add(b, cost.points[b] + self.SMOOTHING * (t - cost.points[b]))   # a hiccup, or to confirm)
 
     def state_dict(self):
         return {**super().state_dict(), "window": [[list(p) for p in w] for w in self.window],

@@ -265,8 +265,10 @@ def test_sharding_errors():
         steps_in_epoch(10, 4, -1)
     with pytest.raises(ConfigError, match="sum to"):
         step_sizes(0, 10, [3, 3], 100)
-    with pytest.raises(ConfigError, match=">= 1"):
-        step_sizes(0, 10, [0, 10], 100)
+    with pytest.raises(ConfigError, match=">= 0"):
+        step_sizes(0, 10, [-1, 11], 100)
+    # a replica a policy lets sit out (allow_zero) holds 0, also in a short last step
+    assert step_sizes(0, 10, [0, 10], 100) == [0, 10] and step_sizes(1, 10, [0, 4, 6], 15) == [0, 2, 3]
     with pytest.raises(ValueError):
         shard(np.arange(10), 0, 4, [2, 2], 2, 10)
 

@@ -166,7 +166,7 @@ def test_gradient_weighting_plugins(plugin_dir):
     assert make_weighting("proportional")([10, 20, 30]) == [10 / 60, 20 / 60, 30 / 60]
     assert make_weighting("uniform")([10, 20, 30]) == [1 / 3] * 3
     assert make_weighting(f"{plugin_dir}/my_weights.py:weights")([1, 2]) == [0.5, 0.5]
-    with pytest.raises(ConfigError, match=r"returned \[1.0\] for sizes \[1, 2\]: expected 2 finite numbers"):
+    with pytest.raises(ConfigError, match=r"returned \[1.0\] for sizes \[1, 2\]: expected a list of 2 finite numbers"):
         make_weighting(f"{plugin_dir}/my_weights.py:broken")([1, 2])
     with pytest.raises(ConfigError, match="--gradient_weighting .* defines no nothing"):
         make_weighting(f"{plugin_dir}/my_weights.py:nothing")
