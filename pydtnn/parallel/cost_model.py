@@ -98,7 +98,12 @@ class ReplicaCost:
         if self.kind == "piecewise":
             text += f" > {RESIDUAL_LIMIT:.0%}: piecewise linear through the points"
         if self.flagged:
-            text += "; flagged, not fitted: " + " ".join(f"{b}:{t * 1e3:.4g}" for b, t in self.flagged)
+            worst = {}
+            for b, t in self.flagged:
+                n, top = worst.get(b, (0, 0.0))
+                worst[b] = (n + 1, max(top, t))
+            text += "; flagged, not fitted: " + " ".join(
+                f"{b}:{t * 1e3:.4g}" + (f" (x{n})" if n > 1 else "") for b, (n, t) in sorted(worst.items()))
         return text
 
     # --- state ---------------------------------------------------------------------------------------
