@@ -30,7 +30,7 @@ import numpy as np
 
 from pydtnn.errors import ConfigError
 
-__all__ = ["ReplicaCost", "CostModel", "RESIDUAL_LIMIT", "FORMAT"]
+__all__ = ["ReplicaCost", "CostModel", "vectorized", "RESIDUAL_LIMIT", "FORMAT"]
 
 RESIDUAL_LIMIT = 0.05
 FORMAT = "pydtnn-cost-model/1"
@@ -64,15 +64,19 @@ class ReplicaCost:
 
     # --- the fit ------------------------------------------------------------------------------------
     def refit(self) -> None:
-        bs = np.array(sorted(self.points), dtype=np.float64)
-        ts = np.array([self.points[int(b)] for b in bs])
-        self._b, self._t = bs, ts
-        self.a, self.c = _affine(bs, ts)
-        fitted = self.a + self.c * bs
-        self.residual = float(np.max(np.abs(fitted - ts) / ts)) if ts.size else 0.0
-        self.kind = "affine" if self.residual <= RESIDUAL_LIMIT or ts.size < 3 else "piecewise"
+        # plain Python on a few points: a dynamic policy refits every replica every interval
+        bs = sorted(self.points)
+        ts = [self.points[b] for b in bs]
+        self.a, self.c = a, c = _affine(bs, ts)
+        self.residual = 0.0
+        for b, t in zip(bs, ts):
+            r = abs(a + c * b - t) / t
+            if r > self.residual:
+                self.residual = r
+        self.kind = "affine" if self.residual <= RESIDUAL_LIMIT or len(ts) < 3 else "piecewise"
         if self.kind == "piecewise":
-            self._mono = _non_decreasing(ts)
+            bs, ts = np.array(bs), np.array(ts)
+            self._b, self._mono = bs, _non_decreasing(ts)
             tail = (self._mono[-1] - self._mono[-2]) / (bs[-1] - bs[-2])
             self._tail = max(tail, self.c, self._mono[-1] / bs[-1] * 1e-3)
             self._head = min(self.a, self._mono[0])
@@ -121,15 +125,26 @@ class ReplicaCost:
 
 def _affine(b, t):
     """Least squares a + c b with a, c >= 0 (one point: through the origin, the constant model)."""
-    if b.size == 0:
+    n = len(b)
+    if n == 0:
         return 0.0, 0.0
-    if b.size == 1 or np.ptp(b) == 0:
-        return 0.0, float(np.mean(t / b))
-    c, a = np.polyfit(b, t, 1)
+    if n == 1:
+        return 0.0, t[0] / b[0]
+    mb, mt = sum(b) / n, sum(t) / n
+    sbb = sbt = bb = bt = 0.0
+    for x, y in zip(b, t):
+        sbb += (x - mb) * (x - mb)
+        sbt += (x - mb) * (y - mt)
+        bb += x * x
+        bt += x * y
+    if sbb == 0:                                   # every point at one b: the constant model
+        return 0.0, sum(y / x for x, y in zip(b, t)) / n
+    c = sbt / sbb
+    a = mt - c * mb
     if a < 0:
-        a, c = 0.0, float(np.dot(b, t) / np.dot(b, b))
+        a, c = 0.0, bt / bb
     if c < 0:
-        a, c = float(np.mean(t)), 0.0
+        a, c = mt, 0.0
     return float(a), float(c)
 
 
@@ -143,6 +158,24 @@ def _non_decreasing(t):
             blocks[-1][0] += s
             blocks[-1][1] += n
     return np.concatenate([[s / n] * n for s, n in blocks])
+
+
+def vectorized(costs):
+    """t(b) of every ReplicaCost in `costs` at once (b: one per replica): the affine ones as arrays, the same
+    arithmetic as `ReplicaCost.seconds`. Its attributes (affine, a, c, others, costs) serve the partition."""
+    affine = np.array([c.kind == "affine" for c in costs], dtype=bool)
+    a = np.array([c.a for c in costs], dtype=np.float64)
+    c_ = np.array([c.c for c in costs], dtype=np.float64)
+    others = np.flatnonzero(~affine)
+
+    def seconds(b):
+        b = np.asarray(b, dtype=np.float64)
+        t = a + c_ * b
+        for k in others:
+            t[k] = costs[k].seconds(b[k])
+        return np.where(b <= 0, 0.0, t)
+    seconds.affine, seconds.a, seconds.c, seconds.others, seconds.costs = affine, a, c_, others, costs
+    return seconds
 
 
 class CostModel:
@@ -159,7 +192,7 @@ class CostModel:
 
     def seconds(self, sizes) -> np.ndarray:
         """Every replica's predicted compute seconds at its local batch (sizes: one per replica)."""
-        return np.array([r.seconds(b) for r, b in zip(self.replicas, sizes)], dtype=np.float64)
+        return vectorized(self.replicas)(sizes)
 
     def makespan(self, sizes) -> float:
         """The predicted compute time of a step: the slowest replica's."""

@@ -27,6 +27,7 @@ import heapq
 import numpy as np
 
 from pydtnn.errors import ConfigError
+from pydtnn.parallel.cost_model import vectorized
 
 __all__ = ["equal_finish"]
 
@@ -58,12 +59,14 @@ def _greedy(B, model, lo, hi, members) -> list[int]:
     members = np.asarray(members)
     costs = [model.replicas[i] for i in members]
     lo_m, hi_m = lo[members], hi[members]
+    seconds = vectorized(costs)
     b = lo_m.copy()
     left = B - int(b.sum())
     if left > 0:
-        b = _fill_to(_vectorized(costs), lo_m, hi_m, B)
+        b = _fill_to(seconds, lo_m, hi_m, B)
         left = B - int(b.sum())
-    heap = [(float(c.seconds(bi + 1)), k) for k, (c, bi) in enumerate(zip(costs, b)) if bi < hi_m[k]]
+    after = seconds(b + 1)                      # every replica's time with one sample more, at once
+    heap = [(float(after[k]), k) for k in range(len(costs)) if b[k] < hi_m[k]]
     heapq.heapify(heap)
     while left > 0:
         _, k = heapq.heappop(heap)
@@ -74,23 +77,6 @@ def _greedy(B, model, lo, hi, members) -> list[int]:
     out = np.zeros(P, dtype=np.int64)
     out[members] = b
     return [int(v) for v in out]
-
-
-def _vectorized(costs):
-    """t(b) of every replica in `costs` at once (b: one per replica): the affine ones as arrays."""
-    affine = np.array([c.kind == "affine" for c in costs])
-    a = np.array([c.a for c in costs])
-    c_ = np.array([c.c for c in costs])
-    others = np.flatnonzero(~affine)
-
-    def seconds(b):
-        b = np.asarray(b, dtype=np.float64)
-        t = a + c_ * b
-        for k in others:
-            t[k] = costs[k].seconds(b[k])
-        return np.where(b <= 0, 0.0, t)
-    seconds.affine, seconds.a, seconds.c, seconds.others, seconds.costs = affine, a, c_, others, costs
-    return seconds
 
 
 def _fill_to(seconds, lo, hi, B):

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -170,21 +171,21 @@ class DynamicPolicy(FPMPolicy):
         self.hysteresis = _float_option("hysteresis", hysteresis, 0.0, 1.0)
         self.drift = _float_option("drift", drift, 0.0, math.inf)
         self.wants_costs = _bool_option("probe", probe)
-        self.window: list[list] = []
+        self.window: list = []         # the interval's steps: (sizes, compute seconds or NaN where unusable)
         self.noise: list = []          # per replica: its steps' relative spread, averaged over intervals
         self.suspect: list = []        # per replica: the direction of last interval's large deviation, or 0
         self.n_rebalances = 0
 
     def initial_sizes(self, global_batch, nreplicas, caps):
-        self.window = [[] for _ in range(int(nreplicas))]
+        self.window = []
         self.noise, self.suspect = [None] * int(nreplicas), [0] * int(nreplicas)
         return super().initial_sizes(global_batch, nreplicas, caps)
 
     def after_step(self, step, report):
         report = StepReport.of(report, self.sizes)
-        for i, (b, t, warm) in enumerate(zip(report.sizes, report.compute_s, report.warmup)):
-            if b > 0 and not warm and math.isfinite(t) and t > 0:
-                self.window[i].append((int(b), float(t)))
+        b, t = np.asarray(report.sizes, dtype=np.float64), np.asarray(report.compute_s, dtype=np.float64)
+        usable = (b > 0) & ~np.asarray(report.warmup, dtype=bool) & np.isfinite(t) & (t > 0)
+        self.window.append((b, np.where(usable, t, np.nan)))
         if (int(step) + 1) % self.interval:
             return None
         self.fold()
@@ -200,8 +201,8 @@ class DynamicPolicy(FPMPolicy):
 
     def fold(self):
         """Each replica's window (the steps of the interval) into its model: the median at its usual b."""
-        points = [_window_point(win) for win in self.window]
-        self.window = [[] for _ in self.window]
+        points = _window_points(self.window, self.nreplicas)
+        self.window = []
         if self.model is None:
             if any(p is None for p in points):
                 return
@@ -229,7 +230,9 @@ class DynamicPolicy(FPMPolicy):
                 cost.add(b, cost.points[b] + self.SMOOTHING * (t - cost.points[b]))   # a hiccup, or to confirm)
 
     def state_dict(self):
-        return {**super().state_dict(), "window": [[list(p) for p in w] for w in self.window],
+        per_replica = [[[float(b[i]), float(t[i])] for b, t in self.window if np.isfinite(t[i])]
+                       for i in range(self.nreplicas)]
+        return {**super().state_dict(), "window": per_replica,
                 "noise": list(self.noise), "suspect": list(self.suspect), "n_rebalances": self.n_rebalances}
 
     def load_state_dict(self, state):
@@ -246,7 +249,9 @@ class DynamicPolicy(FPMPolicy):
         window = state.get("window", [])
         if len(window) not in (0, self.nreplicas):
             raise ConfigError(f"'window' has {len(window)} replicas for {self.nreplicas}")
-        self.window = [[(int(b), float(t)) for b, t in w] for w in window] or [[] for _ in range(self.nreplicas)]
+        rows = max((len(w) for w in window), default=0)        # back to steps (each replica's column alone)
+        self.window = [(np.array([float(w[k][0]) if k < len(w) else 0.0 for w in window]),
+                        np.array([float(w[k][1]) if k < len(w) else np.nan for w in window])) for k in range(rows)]
         noise, suspect = state.get("noise", []), state.get("suspect", [])
         self.noise = [None if v is None else float(v) for v in noise] if len(noise) == self.nreplicas \
             else [None] * self.nreplicas
@@ -254,17 +259,24 @@ class DynamicPolicy(FPMPolicy):
         self.n_rebalances = int(state.get("n_rebalances", 0))
 
 
-def _window_point(win):
-    """(b, median seconds, relative spread of the steps, their count) of an interval's steps at the b most
-    of them ran (the larger b on a tie), or None for an empty window."""
-    if not win:
-        return None
-    bs = [b for b, _ in win]
-    b = max(set(bs), key=lambda v: (bs.count(v), v))
-    ts = np.array([t for v, t in win if v == b])
-    med = float(np.median(ts))
-    spread = 1.4826 * float(np.median(np.abs(np.log(ts / med))))      # the MAD of log times: a robust sigma
-    return b, med, spread, len(ts)
+def _window_points(window, P):
+    """Per replica (b, median seconds, relative spread of the steps, their count) of an interval's usable steps
+    at the b most of them ran (the larger b on a tie), or None where none was usable; all replicas at once."""
+    if not window:
+        return [None] * P
+    B = np.array([w[0] for w in window])                       # (steps, P)
+    T = np.array([w[1] for w in window])
+    usable = np.isfinite(T)
+    counts = ((B[:, None, :] == B[None, :, :]) & usable[None, :, :]).sum(axis=1)   # steps at each row's b
+    best = np.argmax(np.where(usable, counts * (B.max() + 1) + B, -1), axis=0)
+    b = B[best, np.arange(P)]
+    sel = np.where(usable & (B == b), T, np.nan)
+    n = np.sum(np.isfinite(sel), axis=0)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)           # a replica without usable steps: all NaN
+        med = np.nanmedian(sel, axis=0)
+        spread = 1.4826 * np.nanmedian(np.abs(np.log(sel / med)), axis=0)    # the MAD of log times: a robust sigma
+    return [None if n[i] == 0 else (int(b[i]), float(med[i]), float(spread[i]), int(n[i])) for i in range(P)]
 
 
 # ----------------------------------------------------------------------------------------- options

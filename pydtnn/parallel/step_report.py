@@ -55,12 +55,22 @@ class StepReport:
         """A report from per-sample seconds (a list, or a report already) and the step's sizes."""
         if isinstance(seconds_per_sample, StepReport):
             return seconds_per_sample
-        sizes = tuple(int(b) for b in sizes)
-        per = [float(t) for t in seconds_per_sample]
-        compute = tuple(t * b if b else 0.0 for t, b in zip(per, sizes))
-        wait = tuple(float(w) for w in wait_s) if wait_s is not None else (0.0,) * len(sizes)
-        wall = max((c + w for c, w in zip(compute, wait) if math.isfinite(c + w)), default=0.0)
-        return cls(sizes, compute, wait, wall, tuple(warmup) if warmup is not None else (False,) * len(sizes))
+        b = np.asarray(sizes, dtype=np.int64).reshape(-1)
+        with np.errstate(invalid="ignore"):
+            compute = np.where(b > 0, np.asarray(seconds_per_sample, dtype=np.float64).reshape(-1) * b, 0.0)
+        return cls.of_compute(b, compute, wait_s, warmup)
+
+    @classmethod
+    def of_compute(cls, sizes, compute_s, wait_s=None, warmup=None) -> "StepReport":
+        """A report from every replica's compute seconds (and wait seconds, warm-up flags)."""
+        b = np.asarray(sizes, dtype=np.int64).reshape(-1)
+        compute = np.asarray(compute_s, dtype=np.float64).reshape(-1)
+        wait = np.zeros(b.size) if wait_s is None else np.asarray(wait_s, dtype=np.float64).reshape(-1)
+        busy = compute + wait
+        busy = busy[np.isfinite(busy)]
+        warm = (False,) * b.size if warmup is None else tuple(bool(w) for w in warmup)
+        return cls(tuple(b.tolist()), tuple(compute.tolist()), tuple(wait.tolist()),
+                   float(busy.max()) if busy.size else 0.0, warm)
 
 
 class StepReports:

@@ -59,8 +59,7 @@ class PolicyDriver:
 
     def after_step(self, step: int, compute_s, wait_s=None) -> list | None:
         """The policy's decision after `step`, told every replica's compute (and wait) seconds."""
-        per = [c / b if b else float("nan") for c, b in zip(compute_s, self.sizes)]
-        new = call(self.policy, "after_step", step, StepReport.of(per, self.sizes, wait_s))
+        new = call(self.policy, "after_step", step, StepReport.of_compute(self.sizes, compute_s, wait_s))
         if new is None:
             return None
         return self._take(new)
