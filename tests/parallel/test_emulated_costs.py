@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from mpi_helpers import REPO_ROOT, describe, run_mpi  # noqa: E402
+from mpi_helpers import REPO_ROOT, describe, printed_split, run_mpi  # noqa: E402
 
 from pydtnn.errors import ConfigError
 from pydtnn.parallel.balance import partition
@@ -99,15 +99,6 @@ def launch(nprocs, args, timeout=180):
     assert r.returncode == 0, describe(r)
     return r
 
-
-def printed_split(stdout):
-    import re
-    m = re.search(r"split as \[([0-9, ]+)\]", stdout)
-    assert m, stdout
-    return [int(v) for v in m.group(1).split(",")]
-
-
-pytestmark_mpi = pytest.mark.mpi
 
 
 @pytest.mark.mpi

@@ -10,7 +10,7 @@ from pydtnn.errors import ConfigError
 from pydtnn.parallel.cost_model import CostModel
 from pydtnn.parallel.fpm_partition import equal_finish
 from pydtnn.parallel.fpm_probe import MAX_WARMED, build_model, grown_buckets, probe_sizes
-from pydtnn.parallel.policies import DynamicPolicy, FPMPolicy, make_policy
+from pydtnn.parallel.policies import DynamicPolicy, make_policy
 from pydtnn.parallel.step_report import StepReport
 from pydtnn.training.probe import memory_cap
 

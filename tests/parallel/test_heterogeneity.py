@@ -12,14 +12,12 @@ Virtual-time error: every clock reading costs one tick (1e-7 s); a step reads th
 times, against b x COST >= 10 ms of compute: times per step are exact to 1e-3 relative (REL below).
 """
 import json
-import re
 
 import numpy as np
 import pytest
 
-from mpi_helpers import REPO_ROOT, describe, run_mpi  # noqa: E402
+from mpi_helpers import REPO_ROOT, describe, printed_split, run_mpi  # noqa: E402
 
-from pydtnn.parallel import balance  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 LAUNCHER = REPO_ROOT / "scripts" / "pydtnn_benchmark.py"
@@ -34,12 +32,6 @@ def launch(nprocs, args, timeout=120, virtual=True):
     r = run_mpi(nprocs, script, [*BASE, *map(str, args)], timeout=timeout, env={"VIRTUAL_COST_S": COST})
     assert r.returncode == 0, describe(r)
     return r
-
-
-def printed_split(stdout):
-    m = re.search(r"split as \[([0-9, ]+)\]", stdout)
-    assert m, stdout
-    return [int(v) for v in m.group(1).split(",")]
 
 
 def test_emulated_half_speed_replica_takes_twice_as_long_per_sample(tmp_path):
