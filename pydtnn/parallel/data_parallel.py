@@ -16,8 +16,10 @@ One step (`step`, the protocol `train_step` and the launcher's Trainer share):
    metrics (weighted by b_i), every replica's compute seconds per sample and wait seconds, and the flags the
    ranks must agree on.
 Time blocked in any of these collectives (2., 4., and the BatchNorm syncs inside 1.) is the step's wait, never
-its compute (`pydtnn.observe.timing.StepTimer`). Then the policy's `after_step` with every replica's compute
-seconds per sample, which may change `sizes` (checked before it is used).
+its compute (`pydtnn.observe.timing.StepTimer`). Then the policy's `after_step` with the step's report (every
+replica's b_i, compute and wait seconds, the wall time, warm-up flags: `pydtnn.parallel.step_report`), which may
+change `sizes` (checked, agreed on by the ranks for a policy that is not a built-in, announced in one line). A
+replica a policy gives 0 samples (`allow_zero`) computes nothing and adds a zero gradient.
 """
 from __future__ import annotations
 

@@ -115,3 +115,39 @@ def test_a_users_policy_file_runs_in_the_simulator_and_its_bad_split_is_one_line
     with pytest.raises(ConfigError) as err:
         simulate(Scenario([_profile()] * 3, 30, policy=f"{path}:LopSided", steps=4, seed=0))
     assert "LopSided" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_simulator_takes_a_runs_cost_model(tmp_path):
+    """--cost_model: each replica's compute is the run's t_i(b) (whatever the profile says), and fpm's probe of
+    the step model finds its equal-finish split: one model, in one place."""
+    from pydtnn.parallel.cost_model import CostModel
+    from pydtnn.parallel.fpm_partition import equal_finish
+    model = CostModel.affine([0.040, 0.0, 0.0], [1e-4, 1.5e-3, 1.5e-3], ["gpu", "cpu", "cpu"])
+    res = simulate(Scenario([_profile()] * 3, 256, policy="fpm", balance_options={"bucket": 1}, cost_model=model,
+                            devices=["gpu", "cpu", "cpu"], steps=3, seed=0))
+    assert res.sizes == equal_finish(256, model) == [180, 38, 38]
+    assert np.allclose(res.compute_s, model.seconds(res.sizes), rtol=1e-12)
+
+
+def test_the_cost_model_flag_reads_json_and_checkpoints(tmp_path, capsys):
+    import json
+    import subprocess
+    import sys
+    from pydtnn.parallel.cost_model import CostModel
+    from pydtnn.sim.__main__ import main
+    CostModel.affine([0.040, 0.0], [1e-4, 1.5e-3]).save(tmp_path / "m.json")
+    args = ["run", "--model", "simplemlp", "--global_batch_size", "128", "--replicas", "2", "--steps", "2",
+            "--balance", "fpm", "--json"]
+    assert main([*args, "--cost_model", str(tmp_path / "m.json")]) == 0
+    assert json.loads(capsys.readouterr().out)["sizes"] == [95, 33]     # 40 + 0.1 b0 = 1.5 b1, b0 + b1 = 128
+    # a run's checkpoint (one replica, fpm): its probed model
+    run = subprocess.run([sys.executable, "scripts/pydtnn_benchmark.py", "--model", "simplemlp", "--parallel", "data",
+                          "--balance", "fpm", "--synthetic_samples", "128", "--global_batch_size", "32",
+                          "--progress_bar", "false", "--lr_schedulers", "model_checkpoint", "--model_checkpoint_metric",
+                          "loss", "--model_checkpoint_save_freq", "1", "--checkpoint_dir", str(tmp_path / "c")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert main([*args, "--cost_model", str(tmp_path / "c" / "epoch_0001.npz")]) == 0
+    assert sum(json.loads(capsys.readouterr().out)["sizes"]) == 128
+    assert main([*args, "--cost_model", str(tmp_path / "m.npz")]) == 2
+    assert "pydtnn: error:" in capsys.readouterr().err
