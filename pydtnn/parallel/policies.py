@@ -153,11 +153,11 @@ class DynamicPolicy(FPMPolicy):
     Folding: a median at a local batch the replica has a point at, off that point by more than `drift`
     (10%) and by more than 3 standard errors of the replica's step-to-step noise (its robust spread,
     averaged over intervals), in two intervals in a row and the same direction, means the device changed
-    speed (a straggler, another job): every point of that
-    replica is scaled by the same factor and the median replaces its point, so the model follows within
-    two intervals (a large deviation seen once, a pause or a hiccup, is left out). Anything else is noise: the
-    median moves its point by `SMOOTHING` of the difference (an average over intervals, so that noise does
-    not flip the split back and forth). A median at a new local batch is a new point: the model's shape.
+    speed (a straggler, another job): every point of that replica is scaled by the same factor and the
+    median replaces its point, so the model follows within two intervals (a large deviation seen once, a
+    pause or a hiccup, is left out). Anything else is noise: the median moves its point by `SMOOTHING` of
+    the difference (an average over intervals, so that noise does not flip the split back and forth). A
+    median at a new local batch is a new point: the model's shape.
 
     Options: those of fpm, and hysteresis, drift, probe (false: start from the equal split and learn
     from training steps alone)."""
