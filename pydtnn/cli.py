@@ -141,14 +141,15 @@ def make_trainer(config, devices, local, split, comm):
         parallel=Parallelism(comm=comm, global_batch=split.global_batch, sizes=split.sizes, policy=config.policy,
                              gradient_weighting=config.weighting, non_blocking=p.non_blocking_mpi,
                              sync_batchnorm=p.sync_batchnorm and config.data_parallel, max_local_batch=split.caps,
-                             clip_grad_norm=p.clip_grad_norm),
+                             clip_grad_norm=p.clip_grad_norm, devices=config.devices),
         loop=Loop(steps_per_epoch=p.steps_per_epoch, seed=p.seed, schedulers=schedulers, callbacks=[step_metrics]),
         checkpointing=Checkpointing(checkpoint_dir=p.checkpoint_dir, save_steps=p.model_checkpoint_save_steps,
                                     save_minutes=p.model_checkpoint_save_minutes, handle_signals=True),
         outputs=Outputs(history_file=p.history_file, progress=p.progress_bar,
                         tracer_output=p.tracer_output if p.tracing else None, flags=vars(p),
                         trace_steps=config.trace_steps, profile_layers=p.profile_layers),
-        emulation=Emulation(devices.emulate, devices.emulate_spin, devices.emulate_reference))
+        emulation=Emulation(devices.emulate, devices.emulate_spin, devices.emulate_reference, devices.emulate_cost,
+                            devices.emulate_schedule))
     anew = config.resume.anew
 
     def restore():

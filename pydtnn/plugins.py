@@ -113,13 +113,40 @@ def _import(name, label):
         raise ConfigError(f"{label}: cannot import {name}: {type(e).__name__}: {one_line(e)}") from None
 
 
-def construct(spec: str, what: str, base=None):
-    """Load a class and construct it with no arguments (checked against `base` when given)."""
+def construct(spec: str, what: str, base=None, kwargs=None):
+    """Load a class and construct it with `kwargs` (default none; checked against `base` when given)."""
     cls = load(spec, what)
     if not isinstance(cls, type) or (base is not None and not issubclass(cls, base)):
         kind = f"a subclass of {base.__module__}.{base.__name__}" if base is not None else "a class"
         raise ConfigError(f"{what} {spec}: expected {kind}, got {type(cls).__name__} {getattr(cls, '__name__', '')}")
+    kwargs = dict(kwargs or {})
+    args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
     try:
-        return cls()
+        return cls(**kwargs)
     except Exception as e:                         # noqa: BLE001
-        raise ConfigError(f"{what} {spec}: {cls.__name__}() failed: {type(e).__name__}: {one_line(e)}") from None
+        raise ConfigError(f"{what} {spec}: {cls.__name__}({args}) failed: {type(e).__name__}: {one_line(e)}") from None
+
+
+# ------------------------------------------------------------------------- a user's code, failing
+
+def user_frames(error: BaseException, limit: int = 2) -> list[str]:
+    """The innermost `limit` frames of `error`'s traceback that are the user's own code (not pydtnn's, not
+    Python's or an installed package's), as traceback prints them: what helps a user find the bug."""
+    import traceback
+    package = os.path.dirname(os.path.abspath(__file__))
+    libraries = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    lines = []
+    for frame in traceback.extract_tb(error.__traceback__):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(package + os.sep) or any(path.startswith(p + os.sep) for p in libraries) \
+                or frame.filename.startswith("<"):
+            continue
+        lines.append([f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}'] +
+                     ([f"    {frame.line.strip()}"] if frame.line else []))
+    return [line for frame in lines[-limit:] for line in frame]
+
+
+def failure(label: str, error: BaseException) -> str:
+    """``label: Type: first line of the message``, then the user's own frames (`user_frames`): the text of
+    the ConfigError that a user's code raising becomes."""
+    return "\n".join([f"{label}: {type(error).__name__}: {one_line(error)}", *user_frames(error)])

@@ -97,6 +97,13 @@ def _run(cmd, timeout, child_env, check):
     return result
 
 
+def printed_split(stdout: str) -> list[int]:
+    """The split the launcher's banner prints ("global batch B split as [b_0, ...]")."""
+    m = re.search(r"split as \[([0-9, ]+)\]", stdout)
+    assert m, stdout
+    return [int(v) for v in m.group(1).split(",")]
+
+
 def describe(result: subprocess.CompletedProcess) -> str:
     return (f"MPI job exited with status {result.returncode}: {' '.join(map(str, result.args))}\n"
             f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}")

@@ -23,6 +23,8 @@ def print_banner(config, devices, local, split, trainer):
     if config.data_parallel:
         print(f"global batch {split.global_batch} split as {trainer.sizes} (balance {p.balance}, weighting "
               f"{p.gradient_weighting})")
+        for line in trainer.policy.describe():          # the model it balances by (probed points, fit)
+            print(line)
     if devices.kinds[0] == "cpu":
         print(f"CPU convolutions: {local.options['conv_algorithm']}")
     for flag in ("enable_conv_gemm", "enable_memory_cache"):

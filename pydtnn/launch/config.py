@@ -77,10 +77,20 @@ def configure(p, nreplicas: int, many_processes: bool = False) -> RunConfig:
         raise ConfigError(f"--replica_speeds has {len(p.replica_speeds)} values for {P} replicas")
     if p.emulate_speeds and len(p.emulate_speeds) != P:
         raise ConfigError(f"--emulate_speeds has {len(p.emulate_speeds)} values for {P} replicas")
+    if p.emulate_costs or p.emulate_schedule:
+        from pydtnn.parallel.emulation import for_replica
+        if p.emulate_speeds and p.emulate_costs:
+            raise ConfigError("--emulate_costs gives every replica's costs: --emulate_speeds cannot be combined with it")
+        for_replica(0, P, p.emulate_costs, p.emulate_schedule)      # parsed and checked: one line
+    if p.balance_options and not data:
+        raise ConfigError("--balance_options is used by --parallel data only")
+    if p.sync_batchnorm and (p.balance_options or {}).get("allow_zero") not in (None, ""):
+        raise ConfigError("--balance_options allow_zero cannot be combined with --sync_batchnorm: a replica "
+                          "without samples would not join the BatchNorm reductions")
     rate, why = learning_rate_in_force(p, P)
     check_schedules(p, rate, why)
-    policy = make_policy(p.balance if data else "none", speeds=p.replica_speeds,
-                         interval=p.rebalance_interval)      # a user's file: refused before any work
+    policy = make_policy(p.balance if data else "none", speeds=p.replica_speeds, interval=p.rebalance_interval,
+                         options=p.balance_options)      # a user's file: refused before any work
     weighting = make_weighting(p.gradient_weighting)
     metrics = [m.strip() for m in p.metrics.split(",") if m.strip()]
     return RunConfig(p=p, nreplicas=P, data_parallel=data, devices=devices, learning_rate=rate,
@@ -103,7 +113,8 @@ EXECUTION_FLAGS = frozenset({
     "enable_gpu", "devices", "enable_nccl", "enable_gpudirect", "non_blocking_mpi", "precision",
     "conv_algorithm", "enable_conv_winograd", "enable_cudnn_auto_conv_alg", "enable_conv_gemm",
     "enable_memory_cache", "tensor_format", "shared_storage", "download", "enable_fused_bn_relu",
-    "enable_fused_conv_relu", "enable_fused_conv_bn", "enable_fused_conv_bn_relu", "enable_best_of", "overwrite"})
+    "enable_fused_conv_relu", "enable_fused_conv_bn", "enable_fused_conv_bn_relu", "enable_best_of", "overwrite",
+    "restore_emulation"})
 
 # A checkpoint is data: its stored flags may describe the run, never choose a path or load code. Outputs are
 # always this command line's (a resumed run never writes where the checkpoint's run wrote unless told so);
@@ -112,6 +123,10 @@ OUTPUT_FLAGS = ("history_file", "save_weights_and_bias_filename", "checkpoint_di
                 "tensorboard_dir", "step_history_file", "plots_dir")
 INPUT_PATH_FLAGS = ("dataset_train_path", "dataset_test_path")
 CODE_FLAGS = ("model_name", "dataset_name", "balance", "gradient_weighting")
+
+# Emulation is a property of a run, not of the model: a resumed run (on other replicas, say) emulates what its
+# own command line asks, and the checkpoint's run's only with --restore_emulation true.
+EMULATION_FLAGS = frozenset({"emulate_speeds", "emulate_costs", "emulate_schedule"})
 
 
 def given_flags(build_parser, argv) -> frozenset:
@@ -200,6 +215,13 @@ def merge_resumed_flags(parser, p, given, saved: dict, path: str):
     if not_reused:
         lines.append(f"resume: outputs come from this command line, not from the checkpoint's run "
                      f"(which wrote {not_reused})")
+    if not getattr(p, "restore_emulation", False):
+        dests = [d for d in dests if d not in EMULATION_FLAGS]
+        left = [f"{option_of(parser, d)} {flag_text(saved[d])}" for d in sorted(EMULATION_FLAGS)
+                if saved.get(d) not in (None, "") and d not in given]
+        if left:
+            lines.append(f"resume: the checkpoint's run emulated {', '.join(left)}; this run does not "
+                         f"(--restore_emulation true would)")
     for dest in dests:
         if dest not in saved:
             continue                       # a flag newer than the checkpoint: this run's value

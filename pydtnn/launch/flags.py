@@ -85,6 +85,25 @@ def _positive_list(value, convert, what, positive):
     return out
 
 
+def policy_options(value):
+    """key=value,... -> a dict; values read as int, float or true/false where they are, else as text."""
+    out = {}
+    for part in [v for v in str(value).split(",") if v.strip()]:
+        key, sep, text = part.partition("=")
+        key, text = key.strip(), text.strip()
+        if not sep or not key.isidentifier():
+            raise argparse.ArgumentTypeError(f"expected key=value,... got {part!r}")
+        for convert in (int, float):
+            try:
+                out[key] = convert(text)
+                break
+            except ValueError:
+                continue
+        else:
+            out[key] = {"true": True, "false": False}.get(text.lower(), text)
+    return out
+
+
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         raise ConfigError(message)
@@ -259,9 +278,15 @@ def _data_parallel_flags(g):
     g.add_argument("--non_blocking_mpi", type=B, default=False,
                    help="reduce gradients in reverse-order buckets with Iallreduce, overlapped with backward")
     g.add_argument("--balance", default="none",
-                   help="split of the global batch: none (equal); static: proportional to --replica_speeds (or to "
-                        "probed speeds); dynamic: re-measured and re-split during training; or a user's "
-                        "BalancePolicy, FILE.py:CLASS or module:CLASS (pydtnn.parallel.balance)")
+                   help="split of the global batch: none (equal); static: proportional to --replica_speeds (without "
+                        "them: fpm); fpm: each replica's compute time probed at several local batches (a functional "
+                        "performance model) and the split with equal finish times; probe: proportional to speeds "
+                        "probed at B/P (the constant model); dynamic: fpm, refitted and re-split during training; or "
+                        "a user's BalancePolicy, FILE.py:CLASS or module:CLASS (docs/balancing.md)")
+    g.add_argument("--balance_options", type=policy_options, default=None,
+                   help="key=value,... for the policy: a user's class gets them as keyword arguments; fpm and "
+                        "dynamic take points, rounds, tolerance, bucket (GPU local batches a multiple of it, 8), "
+                        "allow_zero (replicas that may get 0 samples, as 1:2), dynamic also hysteresis, drift, probe")
     g.add_argument("--replica_speeds", type=float_list, default=None, help="v1,v2,... relative replica speeds")
     g.add_argument("--max_local_batch", type=positive_int_list, default=None,
                    help="memory caps: the most samples a replica may hold, one value for all or one per replica; "
@@ -276,6 +301,17 @@ def _data_parallel_flags(g):
     g.add_argument("--emulate_speeds", type=float_list, default=None,
                    help="f1,f2,...: replica i behaves as a device f_i/max(f) as fast as the full-speed replicas (each step's "
                         "compute padded to b_i*t0/f_i, t0 their measured time per sample); for experiments on one machine")
+    g.add_argument("--emulate_costs", default=None,
+                   help="A+C,...: replica i's compute of b samples takes A + C*b, A a fixed time per step (30ms, 0) and "
+                        "C per sample, a factor on this machine's own time per sample (2.0) or a time (0.5ms); e.g. "
+                        "40ms+1.0,0+3.0,0+3.0 emulates one GPU-like replica beside two CPU-like ones (not with "
+                        "--emulate_speeds)")
+    g.add_argument("--emulate_schedule", default=None,
+                   help="R:F@FIRST-LAST,...: replica R's emulated compute is F times longer during global steps "
+                        "FIRST <= s < LAST (0-based, over epochs), e.g. 1:3@200-400 (a straggler)")
+    g.add_argument("--restore_emulation", type=B, default=False,
+                   help="with --resume: emulate as the checkpoint's run did (its --emulate_* flags); by default a "
+                        "resumed run emulates only what its own command line asks")
 
 
 def _device_flags(g):
@@ -351,6 +387,8 @@ def flag_text(value) -> str:
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
         return ",".join(flag_text(v) for v in value)
+    if isinstance(value, dict):
+        return ",".join(f"{k}={flag_text(v)}" for k, v in value.items())
     if isinstance(value, float):
         return f"{value:g}"
     return str(value) if value != "" else '""'

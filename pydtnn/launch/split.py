@@ -9,24 +9,35 @@ from pydtnn.launch.config import check_against_data
 
 def policy_and_split(config, local, comm):
     """The global batch and the policy's initial split of it (`initial_split`), in a block that ends in a
-    collective. It follows data and model: B must suit the training samples, and each local batch's
-    activations must fit this rank's memory."""
+    collective, then agreed on by every rank (a user's policy is told its rank: it could decide by it). It
+    follows data and model: B must suit the training samples, and each local batch's activations must fit
+    this rank's memory."""
+    from pydtnn.parallel import policy_calls
     from pydtnn.parallel.comm import raise_together
-    return raise_together(comm, lambda: initial_split(config.p, config.policy, local.model, local.dataset,
-                                                      comm.size),
-                          "another rank could not split the global batch")
+    split = raise_together(comm, lambda: initial_split(config.p, config.policy, local.model, local.dataset,
+                                                       comm.size, comm.rank, config.devices, config.weighting),
+                           "another rank could not split the global batch")
+    if policy_calls.needs_agreement(config.policy, comm):
+        policy_calls.agree(comm, config.policy, split.sizes, None, "for the initial split")
+    return split
 
 
-def initial_split(p, policy, model, dataset, nprocs):
+def initial_split(p, policy, model, dataset, nprocs, rank=0, devices=None, weighting=None):
     """The global batch B, the memory caps and the policy's checked initial sizes (pydtnn.parallel.policies),
-    which the policy keeps; refused when B does not suit the data or a local batch does not fit memory."""
-    from pydtnn.parallel import balance
+    which the policy keeps; refused when B does not suit the data or a local batch does not fit memory.
+    The policy is told its rank, the devices and --balance_options first; `weighting` (a user's
+    --gradient_weighting) is called once on the split, so that a bad one fails before any work."""
+    from pydtnn.parallel import balance, policy_calls
     n = nprocs if p.parallel == "data" else 1
     B = p.global_batch_size or p.batch_size * n
     caps = balance.caps_for(p.max_local_batch, n)
     check_against_data(p, dataset, B)
-    sizes = balance.check_split(policy.initial_sizes(B, n, caps), B, n, caps, f"balance policy {policy.name}")
+    policy.bind(rank, n, devices if devices is not None and len(devices) == n else None, policy.options)
+    proposed = policy_calls.call(policy, "initial_sizes", B, n, caps)
+    sizes = balance.check_split(proposed, B, n, caps, f"balance policy {policy.name}", policy.allow_zero)
     policy.sizes = list(sizes)
+    if weighting is not None:
+        weighting(sizes)
     _check_batch_fits(model, sizes, len(dataset.train), p)
     return types.SimpleNamespace(global_batch=B, sizes=sizes, caps=caps)
 

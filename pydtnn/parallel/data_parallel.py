@@ -16,23 +16,25 @@ One step (`step`, the protocol `train_step` and the launcher's Trainer share):
    metrics (weighted by b_i), every replica's compute seconds per sample and wait seconds, and the flags the
    ranks must agree on.
 Time blocked in any of these collectives (2., 4., and the BatchNorm syncs inside 1.) is the step's wait, never
-its compute (`pydtnn.observe.timing.StepTimer`). Then the policy's `after_step` with every replica's compute
-seconds per sample, which may change `sizes` (checked before it is used).
+its compute (`pydtnn.observe.timing.StepTimer`). Then the policy's `after_step` with the step's report (every
+replica's b_i, compute and wait seconds, the wall time, warm-up flags: `pydtnn.parallel.step_report`), which may
+change `sizes` (checked, agreed on by the ranks for a policy that is not a built-in, announced in one line). A
+replica a policy gives 0 samples (`allow_zero`) computes nothing and adds a zero gradient.
 """
 from __future__ import annotations
 
 
-import numpy as np
 
 from pydtnn.clipping import check_max_norm, clip_by_global_norm
-from pydtnn.errors import ShapeError
+from pydtnn.errors import PyDTNNError, ShapeError
 from pydtnn.layers.batchnorm import BatchNormalization
 from pydtnn.losses import get_loss
 from pydtnn.observe.timing import StepTimer
-from pydtnn.parallel import balance
+from pydtnn.parallel import balance, policy_calls
 from pydtnn.parallel.comm import BucketedReducer, make_comm
 from pydtnn.parallel.policies import make_policy
 from pydtnn.parallel.step_record import StepRecord
+from pydtnn.parallel.step_report import StepReport, StepReports
 from pydtnn.parallel.sync_batchnorm import BatchNormSync
 from pydtnn.parallel.weighting import make_weighting
 from pydtnn.targets import as_targets
@@ -41,7 +43,7 @@ from pydtnn.targets import as_targets
 class DataParallel:
     def __init__(self, model, optimizer, *, global_batch, comm=None, sizes=None, policy=None,
                  weighting="proportional", loss="categorical_cross_entropy", caps=None, non_blocking=False,
-                 sync_batchnorm=False, clip_grad_norm=0.0, timer=None):
+                 sync_batchnorm=False, clip_grad_norm=0.0, timer=None, devices=None, log=None, emulator=None):
         """`comm`: a pydtnn communicator (default: MPI's world when started by mpiexec with several
         processes, else one process); `sizes` or `policy` (a BalancePolicy or a --balance name) give the
         split; `weighting`: "proportional", "uniform" or a function weights(sizes) -> list of w_i; `caps`:
@@ -54,12 +56,26 @@ class DataParallel:
         self.loss = get_loss(loss)
         self.global_batch = int(global_batch)
         self.caps = balance.caps_for(caps, self.nreplicas)
+        # `log`: where a re-split is announced (default: printed by rank 0)
+        self.log = log or (lambda msg: print(msg, flush=True) if self.rank == 0 else None)
         self.policy = make_policy("none" if policy is None else policy)
+        if devices is not None or len(self.policy.devices) != self.nreplicas:
+            self.policy.bind(self.rank, self.nreplicas, devices, self.policy.options)
         if sizes is None or self.policy.sizes is None:
-            proposed = self.checked(self.policy.initial_sizes(self.global_batch, self.nreplicas, self.caps))
+            proposed, error = None, None
+            try:
+                proposed = self.checked(policy_calls.call(self.policy, "initial_sizes", self.global_batch,
+                                                          self.nreplicas, self.caps))
+            except PyDTNNError as e:
+                error = e
+            proposed = self.agreed(proposed, error, "for the initial split")
         self.adopt(proposed if sizes is None else
-                   balance.check_split(sizes, self.global_batch, self.nreplicas, self.caps, "local batch sizes"))
+                   balance.check_split(sizes, self.global_batch, self.nreplicas, self.caps, "local batch sizes",
+                                       self.policy.allow_zero))
         self.weights = make_weighting(weighting)      # weights(sizes) -> every replica's w_i
+        self.weights(self.sizes)                      # a user's function that fails, fails before any step
+        self.reports = StepReports(self.nreplicas)    # what after_step tells the policy
+        self.emulator = emulator                      # pydtnn.parallel.emulation.SpeedEmulator, or None
         self.clip_grad_norm = check_max_norm(clip_grad_norm)
         self.clipped_steps = 0         # steps whose reduced gradient was clipped (same count on every rank)
         self.reducer = BucketedReducer(self.comm, model.grads) if non_blocking and self.nreplicas > 1 else None
@@ -78,18 +94,39 @@ class DataParallel:
     def checked(self, sizes):
         """A split the policy returned, or a one-line ConfigError naming the policy."""
         return balance.check_split(sizes, self.global_batch, self.nreplicas, self.caps,
-                                   f"balance policy {self.policy.name}")
+                                   f"balance policy {self.policy.name}", self.policy.allow_zero)
+
+    def agreed(self, split, error, when):
+        """The policy's split (or None) once every rank agrees on it (`pydtnn.parallel.policy_calls`)."""
+        if policy_calls.needs_agreement(self.policy, self.comm):
+            return policy_calls.agree(self.comm, self.policy, split, error, when)
+        if error is not None:
+            raise error
+        return split
 
     def adopt(self, sizes):
         """The split in force from now on (the policy sees it as `policy.sizes`)."""
         self.sizes = list(sizes)
         self.policy.sizes = list(sizes)
 
-    def after_step(self, step, seconds_per_sample):
-        """The policy's decision after global step `step`; a new split is checked, then in force."""
-        new = self.policy.after_step(step, [float(t) for t in seconds_per_sample])
-        if new is not None:
-            self.adopt(self.checked(new))
+    def after_step(self, step, record, step_sizes=None):
+        """The policy's decision after global step `step` of `step_sizes` (default the split in force), told
+        as a StepReport (from the step's agreed `record`, or a list of seconds per sample); a new split is
+        checked, agreed on, announced in one line, then in force."""
+        sizes = list(self.sizes if step_sizes is None else step_sizes)
+        report = (self.reports.report(record, sizes) if isinstance(record, StepRecord)
+                  else StepReport.of(record, sizes))
+        new, error = None, None
+        try:
+            new = policy_calls.call(self.policy, "after_step", step, report)
+            new = None if new is None else self.checked(new)
+        except PyDTNNError as e:
+            error = e
+        new = self.agreed(new, error, f"after step {step + 1}")
+        if new is not None and new != self.sizes:
+            reason = getattr(self.policy, "reason", None)
+            self.log(f"re-split after step {step + 1}: {self.sizes} -> {new}" + (f" ({reason})" if reason else ""))
+            self.adopt(new)
 
     def local_slice(self, x, y):
         """This rank's contiguous rows of the global batch (x, y): rows sum(sizes[:r]) .. sum(sizes[:r+1])."""
@@ -119,6 +156,14 @@ class DataParallel:
             self.model.backend.synchronize()
         return value, y_pred
 
+    def no_samples(self, x, y, weight):
+        """A step this replica sits out (a policy's split gave it 0 samples, where --balance_options allow_zero
+        lets it): a zero gradient in the reduction, no compute."""
+        self.model.grads[...] = 0
+        if self.reducer is not None:
+            self.reducer.start_step()
+        return 0.0, None
+
     def reduce(self):
         """The SUM-allreduce of the weighted gradients: every rank then holds sum_i w_i g_i."""
         if self.reducer is not None:
@@ -140,7 +185,7 @@ class DataParallel:
         flags `flags()` returns (read after the update: a signal during the step counts in it) are agreed
         on with the record."""
         b_i = len(x)
-        gradients = gradients or self.local_gradients
+        gradients = (gradients or self.local_gradients) if b_i else self.no_samples
         self.timer.start_step(b_i)
         with self.timer.compute(None):       # the layers' own events show it when tracing
             value, y_pred = gradients(x, y, weight)
@@ -149,8 +194,10 @@ class DataParallel:
         with self.timer.phase("update", category="update"):
             self.update()
         # the loss and metrics stayed on the device through the step: one read of them all, at its end
-        weighted = self.model.backend.read_scalars([value] + [f(y_pred, y) for f in metric_fns]) * share
-        mine = StepRecord.of_replica(self.rank, self.nreplicas, weighted, self.timer.step_compute_s / b_i,
+        values = [value] + ([f(y_pred, y) for f in metric_fns] if b_i else [0.0] * len(metric_fns))
+        weighted = self.model.backend.read_scalars(values) * share
+        mine = StepRecord.of_replica(self.rank, self.nreplicas, weighted,
+                                     self.timer.step_compute_s / b_i if b_i else float("nan"),
                                      self.timer.step_wait_s,      # not the wait of this record's own reduction
                                      data_error=data_error, **(flags() if flags is not None else {}))
         packed = mine.pack()
@@ -167,10 +214,23 @@ class DataParallel:
             raise ShapeError(f"rank {self.rank} holds {b_i} samples of the split {self.sizes}, got {len(x_local)} "
                              f"inputs and {len(y_local)} targets (use dp.local_slice)")
         y = self.model.backend.asarray(as_targets(y_local, self.model.output_shape[-1], self.model.dtype))
-        record = self.step(x_local, y, self.weight(self.sizes), b_i / self.global_batch)
-        self.after_step(self.steps, record.compute_s_per_sample)
+        gradients = None
+        if self.emulator is not None and self.emulator.active:
+            self.emulator.step = self.steps
+            gradients = self.emulated_gradients
+        record = self.step(x_local, y, self.weight(self.sizes), b_i / self.global_batch, gradients=gradients)
+        self.after_step(self.steps, record)
         self.steps += 1
         return record.loss
+
+    def emulated_gradients(self, x, y, weight):
+        """`local_gradients`, padded to the emulated device's time (`emulator`; its own real compute per
+        sample, of its first steps, is its unit where the costs are relative)."""
+        start = self.emulator.clock()
+        waited = self.timer.step_wait_s
+        out = self.local_gradients(x, y, weight)
+        self.emulator.pad(start + (self.timer.step_wait_s - waited), len(x))
+        return out
 
     # --- BatchNorm ---------------------------------------------------------------------------------------
     def running_stats(self):

@@ -51,15 +51,16 @@ def _speeds(speeds, what: str = "replica speeds") -> list[float]:
     return [float(x) for x in arr]
 
 
-def checked_sizes(sizes, global_batch: int | None = None) -> list[int]:
-    """Local batch sizes as ints >= 1 (summing to ``global_batch`` when given), or a ConfigError."""
+def checked_sizes(sizes, global_batch: int | None = None, minimum: int = 1) -> list[int]:
+    """Local batch sizes as ints >= ``minimum`` (1; 0 where a policy lets a replica sit out, but not all),
+    summing to ``global_batch`` when given, or a ConfigError."""
     try:
         vals = [int(s) for s in sizes]
         exact = all(int(s) == s for s in sizes)
     except (TypeError, ValueError):
         raise ConfigError(f"local batch sizes must be integers, got {sizes!r}") from None
-    if not vals or not exact or min(vals) < 1:
-        raise ConfigError(f"local batch sizes must be integers >= 1, got {list(sizes)!r}")
+    if not vals or not exact or min(vals) < minimum or max(vals) < 1:
+        raise ConfigError(f"local batch sizes must be integers >= {minimum}, got {list(sizes)!r}")
     if global_batch is not None and sum(vals) != global_batch:
         raise ConfigError(f"local batch sizes {vals} sum to {sum(vals)}, not to the global batch {global_batch}")
     return vals

@@ -65,11 +65,15 @@ def step_sizes(step: int, global_batch: int, sizes: Sequence[int], n_samples: in
                steps_per_epoch: int = 0) -> list[int]:
     """Per-replica sizes at global step ``step``: ``sizes`` for a full step, else the short last step's
     size re-split by ``partition(length, sizes)`` (all ones when it was padded to P samples)."""
-    b = checked_sizes(sizes, checked_int(global_batch, "global batch size", 1))
+    b = checked_sizes(sizes, checked_int(global_batch, "global batch size", 1), minimum=0)
     _, length = step_span(step, n_samples, global_batch, len(b), steps_per_epoch)
     if length == global_batch:
         return b
-    return partition(length, b)
+    held = [i for i, v in enumerate(b) if v > 0]      # a replica the split leaves out stays out
+    out = [0] * len(b)
+    for i, v in zip(held, partition(length, [b[i] for i in held])):
+        out[i] = v
+    return out
 
 
 def shard(order, step: int, global_batch: int, sizes: Sequence[int], rank: int,

@@ -12,7 +12,8 @@ import json
 import os
 import sys
 
-from pydtnn.launch.flags import OneLineParser, boolean, float_list, nonneg_float, positive_int, positive_int_list
+from pydtnn.launch.flags import (OneLineParser, boolean, float_list, nonneg_float, policy_options, positive_int,
+                                 positive_int_list)
 from pydtnn.errors import ConfigError, PyDTNNError
 
 SAMPLES = {"mnist": 60000, "cifar10": 50000, "imagenet": 1281167}
@@ -60,6 +61,13 @@ def build_parser():
     r.add_argument("--balance", default="none",
                    help="none | equal | static | probe | dynamic, or a user's FILE.py:CLASS / module:CLASS "
                         "(a pydtnn.parallel.balance.BalancePolicy), as the launcher's")
+    r.add_argument("--balance_options", type=policy_options, default=None,
+                   help="key=value,... for the policy, as the launcher's")
+    r.add_argument("--devices", default=None, help="cpu/gpu per replica (what a policy is told; fpm buckets GPUs)")
+    r.add_argument("--cost_model", default=None,
+                   help="each replica's compute t_i(b) from a run's cost model: the JSON a probe's model was saved "
+                        "as, or a checkpoint of a run whose policy kept one (fpm, dynamic); replica i uses the "
+                        "model's replica i mod its count")
     r.add_argument("--replica_speeds", type=float_list, default=None, help="static: split proportional to these")
     r.add_argument("--speed_factors", type=float_list, default=None,
                    help="F1,...,FP relative replica speeds, the launcher's --emulate_speeds meaning")
@@ -144,11 +152,36 @@ def _scenario(a, P, policy, profiles, speed_factors):
     if stragglers is not None and stragglers.count > P:
         stragglers = type(stragglers)(P, stragglers.factor, stragglers.period)
     samples = a.samples or SAMPLES.get(a.dataset_name or "cifar10")
+    devices = None
+    if a.devices:
+        kinds = [d.strip().lower() for d in a.devices.split(",")]
+        if any(d not in ("cpu", "gpu") for d in kinds):
+            raise ConfigError(f"--devices needs cpu or gpu per replica, got {a.devices!r}")
+        devices = [kinds[i % len(kinds)] for i in range(P)]
     return Scenario(profiles=profiles, global_batch=a.global_batch_size, policy=policy,
                     replica_speeds=a.replica_speeds, speed_factors=speed_factors, non_blocking=a.non_blocking_mpi,
                     sync_bn=a.sync_batchnorm, algorithm=a.network_alg, nodes=a.nodes, noise=a.noise,
                     stragglers=stragglers, steps=a.steps, steps_per_epoch=a.steps_per_epoch, samples=samples,
-                    rebalance_interval=a.rebalance_interval, bucket_bytes=a.bucket_bytes, seed=a.seed)
+                    rebalance_interval=a.rebalance_interval, bucket_bytes=a.bucket_bytes, seed=a.seed,
+                    balance_options=a.balance_options if policy == {"none": "equal"}.get(a.balance, a.balance) else None,
+                    devices=devices, cost_model=_cost_model(a))
+
+
+def _cost_model(a):
+    """--cost_model: a CostModel JSON, or a checkpoint whose policy state holds one."""
+    from pydtnn.parallel.cost_model import CostModel
+    if not a.cost_model:
+        return None
+    if not a.cost_model.endswith(".npz"):
+        return CostModel.load(a.cost_model)
+    from pydtnn.training.checkpointing import read_meta
+    meta = read_meta(a.cost_model)
+    for key in ("balancer", "balance_policy_state"):
+        state = meta.get(key)
+        if isinstance(state, dict) and state.get("model"):
+            return CostModel.from_state(state["model"], f"--cost_model {a.cost_model}")
+    raise ConfigError(f"--cost_model {a.cost_model}: the checkpoint's balance policy kept no cost model "
+                      f"(run with --balance fpm or dynamic)")
 
 
 def _sweep_sizes(a):

@@ -42,6 +42,9 @@ class Scenario:
     rebalance_interval: int = 20
     bucket_bytes: int = 1 << 20
     seed: int = 0
+    balance_options: dict | None = None
+    devices: list | None = None        # one of "cpu" / "gpu" per replica (what a policy is told)
+    cost_model: object = None          # a run's pydtnn.parallel.cost_model.CostModel: replica compute from it
 
     @property
     def replicas(self) -> int:
@@ -110,10 +113,48 @@ def _model(sc, sizes, collective, emulate):
 
 
 def _step_model(sc, sizes, collective, emulate, ranks_at_work):
-    """The step model with every replica's contention factor at its node's count of ranks at work."""
+    """The step model with every replica's contention factor at its node's count of ranks at work; with a
+    run's cost model, each replica's layers scaled so that its compute is the model's t_i(b_i)."""
     contention = [p.contention_factor(k) for p, k in zip(sc.profiles, ranks_at_work)]
+    scale = None
+    if sc.cost_model is not None:
+        model = sc.cost_model
+        wanted = np.array([model.replicas[i % len(model)].seconds(b) for i, b in enumerate(sizes)], dtype=float)
+        alone = StepModel(sc.profiles, sizes, collective).compute_alone * np.asarray(contention)
+        scale = np.where(alone > 0, wanted / np.maximum(alone, 1e-300), 1.0)    # the model's time, contention in
     return StepModel(sc.profiles, sizes, collective, non_blocking=sc.non_blocking, sync_bn=sc.sync_bn,
-                     bucket_bytes=sc.bucket_bytes, emulate=emulate, contention=contention)
+                     bucket_bytes=sc.bucket_bytes, emulate=emulate, contention=contention, scale=scale)
+
+
+class SimProbe:
+    """The FPM probe of the simulator: every replica's compute at a split, from the step model without noise
+    (as the launcher's probe times every replica at once and takes medians)."""
+
+    def __init__(self, sc, collective, emulate, caps=None):
+        self.sc, self.collective, self.emulate = sc, collective, emulate
+        self.global_batch, self.caps = sc.global_batch, caps
+        self.devices = list(sc.devices or ["cpu"] * sc.replicas)
+
+    def measure(self, sizes):
+        model = _model(self.sc, list(sizes), self.collective, self.emulate)
+        alone = model.compute_alone if model.emulate is None else np.maximum(model.compute_alone, model.emulate)
+        return alone, [[] for _ in sizes]
+
+    def warm(self, sizes_per_replica):
+        pass
+
+
+def cost_model_of(sc, points=12):
+    """The scenario's replicas as a CostModel (pydtnn.parallel.cost_model): each one's compute, from the
+    step model without noise, at `points` local batches spaced geometrically up to B."""
+    from pydtnn.parallel.cost_model import CostModel, ReplicaCost
+    collective = _collective(sc)
+    emulate = None if sc.speed_factors is None else (max(sc.speed_factors) / np.asarray(sc.speed_factors, float))
+    probe = SimProbe(sc, collective, emulate)
+    ladder = sorted({max(1, int(round(sc.global_batch ** (k / (points - 1))))) for k in range(points)})
+    times = np.array([probe.measure([b] * sc.replicas)[0] for b in ladder])          # (points, P)
+    return CostModel([ReplicaCost([(b, t) for b, t in zip(ladder, times[:, i]) if t > 0])
+                      for i in range(sc.replicas)], probe.devices)
 
 
 def _collective(sc):
@@ -131,12 +172,19 @@ def simulate(sc: Scenario, progress=None) -> Result:
     if sc.speed_factors is not None:
         f = np.asarray(sc.speed_factors, dtype=np.float64)
         emulate = f.max() / f
-    driver = PolicyDriver(make_policy(sc.policy, sc.replica_speeds, sc.rebalance_interval), sc.global_batch, P)
+    driver = PolicyDriver(make_policy(sc.policy, sc.replica_speeds, sc.rebalance_interval, sc.balance_options),
+                          sc.global_batch, P, devices=sc.devices)
     sizes = driver.sizes
     model = _model(sc, sizes, collective, emulate)
     var = Variability(P, sc.noise, sc.stragglers, sc.seed)
     rebalances = 0
-    if driver.wants_probe:
+    if driver.wants_costs:
+        new = driver.probe_costs(SimProbe(sc, collective, emulate))
+        if new is not None and new != sizes:
+            sizes = new
+            model = _model(sc, sizes, collective, emulate)
+            rebalances += 1
+    elif driver.wants_probe:
         # the launcher's probe times each replica alone at its starting split before training: its speed
         # there, in samples/s, from the same compute model (without noise: a probe takes a median)
         alone = model.compute_alone if model.emulate is None else np.maximum(model.compute_alone, model.emulate)
@@ -152,7 +200,7 @@ def simulate(sc: Scenario, progress=None) -> Result:
         steps[s] = t
         compute_sum += compute
         wait_sum += wait
-        new = driver.after_step(s, compute / model.sizes)
+        new = driver.after_step(s, compute, wait)
         if new is not None and list(new) != sizes:
             sizes = list(new)
             model = _model(sc, sizes, collective, emulate)
@@ -167,26 +215,12 @@ def simulate(sc: Scenario, progress=None) -> Result:
                          np.maximum(model.compute_alone, model.emulate)})
 
 
-def best_partition(sc: Scenario, iterations: int = 20):
-    """The split with the shortest noise-free predicted step, found as FuPerMod does: repeatedly split B
-    in proportion to the speeds b_i / T_i(b_i) the functional model gives at the current split (keeping
-    the best split seen). Returns (sizes, step seconds)."""
+def best_partition(sc: Scenario):
+    """The split with equal finish times under the scenario's cost model (`cost_model_of`, solved by the
+    launcher's `pydtnn.parallel.fpm_partition.equal_finish`), and its noise-free step seconds."""
+    from pydtnn.parallel.fpm_partition import equal_finish
     _check(sc)
-    P = sc.replicas
-    collective = _collective(sc)
-    emulate = None if sc.speed_factors is None else (max(sc.speed_factors) / np.asarray(sc.speed_factors, float))
-    ones = np.ones(P)
-    sizes = balance.partition(sc.global_batch, [1.0] * P)
-    best = (None, np.inf)
-    seen = set()
-    for _ in range(iterations):
-        model = _model(sc, sizes, collective, emulate)
-        t, compute, _ = model.step(ones)
-        if t < best[1]:
-            best = (list(sizes), float(t))
-        key = tuple(sizes)
-        if key in seen:
-            break
-        seen.add(key)
-        sizes = balance.partition(sc.global_batch, (model.sizes / np.maximum(compute, 1e-300)).tolist())
-    return best
+    sizes = equal_finish(sc.global_batch, cost_model_of(sc))
+    t, _, _ = _model(sc, sizes, _collective(sc), None if sc.speed_factors is None else
+                     (max(sc.speed_factors) / np.asarray(sc.speed_factors, float))).step(np.ones(sc.replicas))
+    return list(sizes), float(t)

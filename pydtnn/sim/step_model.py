@@ -58,7 +58,7 @@ class StepModel:
     """Built once per split (sizes); `step(factors)` simulates one step for per-replica factors (P,)."""
 
     def __init__(self, profiles, sizes, collective: Collective, *, non_blocking=False, sync_bn=False,
-                 bucket_bytes=1 << 20, emulate=None, update_s=None, contention=None):
+                 bucket_bytes=1 << 20, emulate=None, update_s=None, contention=None, scale=None):
         self.sizes = np.asarray(sizes, dtype=np.float64)
         P = self.sizes.size
         slow = np.ones(P) if contention is None else np.asarray(contention, dtype=np.float64)
@@ -70,6 +70,9 @@ class StepModel:
             fwd[rows], bwd[rows] = prof.layer_seconds(self.sizes[rows])
         fwd *= slow[:, None]
         bwd *= slow[:, None]
+        if scale is not None:              # a run's cost model: each replica's compute scaled to its t_i(b_i)
+            fwd *= np.asarray(scale, dtype=np.float64)[:, None]
+            bwd *= np.asarray(scale, dtype=np.float64)[:, None]
         self.update_s = (first.update_s if update_s is None else update_s) * float(slow.max())
         # the launcher's per-step work besides compute and reduction (batch, targets, metrics), per replica
         self.pre = np.zeros(P)

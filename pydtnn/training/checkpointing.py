@@ -139,6 +139,15 @@ def validate_meta(meta, path) -> None:
     bal = get("balancer")
     if bal is not None:
         _check(isinstance(bal, dict), path, "balancer", "null or an object", bal)
+    if isinstance(bal, dict) and not ("ema" in bal or "sizes" in bal):     # the FPM dynamic policy's
+        model, window = bal.get("model"), bal.get("window", [])
+        _check(model is None or isinstance(model, dict), path, "balancer.model", "null or an object", model)
+        _check(isinstance(window, list) and all(isinstance(w, list) and all(
+            isinstance(p, list) and len(p) == 2 and all(_is_num(x) for x in p) for p in w) for w in window),
+            path, "balancer.window", "a list of lists of [b, seconds] pairs", window)
+        _check(_is_int(bal.get("n_rebalances", 0)), path, "balancer.n_rebalances", "an integer >= 0",
+               bal.get("n_rebalances"))
+    elif isinstance(bal, dict):                      # the constant-model balancer's, of older checkpoints
         for key in ("sizes", "ema") + (("window_sum",) if "window" not in bal else ()):
             v = bal.get(key)
             _check(isinstance(v, list) and all(_is_num(x) for x in v), path, f"balancer.{key}", "a list of numbers", v)

@@ -21,11 +21,11 @@ import time
 import numpy as np
 
 from pydtnn.callbacks import call
-from pydtnn.errors import ConfigError, NumericalError, OutputError
+from pydtnn.errors import ConfigError, NumericalError, OutputError, PyDTNNError
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
 from pydtnn.observe.timing import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
-from pydtnn.parallel import balance
+from pydtnn.parallel import balance, policy_calls
 from pydtnn.parallel.comm import SerialComm, agree_on_error, raise_together
 from pydtnn.parallel.data_parallel import DataParallel
 from pydtnn.parallel.emulation import SpeedEmulator
@@ -35,7 +35,7 @@ from pydtnn.training.evaluation import evaluate_split
 from pydtnn.training.loop_callbacks import HistoryWriter, ProgressBar
 from pydtnn.training.options import grouped
 from pydtnn.training.preemption import Preempted, StepCheckpoints
-from pydtnn.training.probe import probe_speeds
+from pydtnn.training.probe import LockStepProbe
 from pydtnn.training.step import TrainerStep
 from pydtnn.training.step_insight import StepInsight
 
@@ -66,6 +66,8 @@ class Trainer:
         self.global_batch = int(par.global_batch)
         self.gradient_weighting = par.gradient_weighting
         self.stats = ReplicaStats()
+        # what a person reads (epoch lines, per-replica tables, re-splits) goes to stdout, in order with the rest
+        self.log = out.log or (lambda msg: print(msg, flush=True) if self.rank == 0 else None)
         self.tracer_output = out.tracer_output
         self.timeline = Timeline(self.rank, enabled=bool(self.tracer_output), steps=out.trace_steps)
         self.timer = StepTimer(self.stats, self.timeline if self.tracer_output else None)
@@ -76,12 +78,14 @@ class Trainer:
                                make_policy(par.balance_mode, interval=par.rebalance_interval),
                                weighting=par.gradient_weighting, loss=self.loss, caps=par.max_local_batch,
                                non_blocking=par.non_blocking, sync_batchnorm=par.sync_batchnorm,
-                               clip_grad_norm=par.clip_grad_norm, timer=self.timer)
+                               clip_grad_norm=par.clip_grad_norm, timer=self.timer, devices=par.devices,
+                               log=self.log)
         self.caps, self.policy, self.reducer = self.dp.caps, self.dp.policy, self.dp.reducer
         if self.reducer is not None and self.tracer_output:
             self.reducer.timeline = self.timeline
         self.sync_batchnorm = self.dp.sync_batchnorm
-        emulator = SpeedEmulator(emu.emulate_speed, spin=emu.emulate_spin)
+        emulator = SpeedEmulator(emu.emulate_speed, spin=emu.emulate_spin, cost=emu.emulate_cost,
+                                 schedule=emu.emulate_schedule)
         self.steps_per_epoch_arg = int(run.steps_per_epoch)
         self.steps_per_epoch = balance.steps_in_epoch(len(dataset.train), self.global_batch, self.steps_per_epoch_arg)
         if int(run.seed) < 0:
@@ -95,8 +99,6 @@ class Trainer:
         self.history_writer = HistoryWriter(out.history_file) if out.history_file else None
         self.progress_bar = ProgressBar(self.metric_names) if self.progress else None
         self.eval_batch_size = run.eval_batch_size or max(self.sizes)
-        # what a person reads (epoch lines, per-replica tables) goes to stdout, in order with the rest
-        self.log = out.log or (lambda msg: print(msg, flush=True) if self.rank == 0 else None)
         self.flags = out.flags or {}
         self.stop_training = False
         self.history: list[dict] = []
@@ -151,15 +153,26 @@ class Trainer:
         agree_on_error(self.comm, self.output_failure(), "another rank could not write an output")
 
     def probe_split(self):
-        """A policy that asks for it (probe: --balance static without --replica_speeds) gets every replica's
-        speed, timed on a few local steps (`pydtnn.training.probe`), and splits by it; nothing when the split
-        came from a checkpoint."""
-        if not self.policy.wants_probe or self.restored_split:
+        """A policy that asks for it gets its probe before training (`pydtnn.training.probe`): the FPM's
+        points at several local batches (fpm, dynamic, static without --replica_speeds), or the speeds at
+        the equal split (probe); its split is checked and agreed on. Nothing when the split came from a
+        checkpoint."""
+        if self.restored_split or not (self.policy.wants_probe or self.policy.wants_costs):
             return
-        speeds = probe_speeds(self.step_runner, self.comm, self.seed, self.global_batch, self.caps)
-        new = self.policy.probed(self.global_batch, speeds, self.caps)
+        probe = LockStepProbe(self.step_runner, self.comm, self.seed, self.global_batch, self.caps,
+                              self.policy.devices, self.dp.reports)
+        new, error = None, None
+        try:
+            if self.policy.wants_costs:
+                new = policy_calls.call(self.policy, "probe_costs", probe)
+            else:
+                new = policy_calls.call(self.policy, "probed", self.global_batch, probe.speeds(), self.caps)
+            new = None if new is None else self.dp.checked(new)
+        except PyDTNNError as e:
+            error = e
+        new = self.dp.agreed(new, error, "after the probe")
         if new is not None:
-            self.dp.adopt(self.dp.checked(new))
+            self.dp.adopt(new)
 
     # --- epochs -----------------------------------------------------------------------------------------
     def fit(self, num_epochs):
@@ -245,6 +258,7 @@ class Trainer:
             nxt = (balance.shard(order, step + 1, self.global_batch, self.sizes, self.rank, n,
                                  self.steps_per_epoch_arg) if step + 1 < self.steps_per_epoch else None)
             self.insight.begin_step(global_step + 1, len(idx))
+            self.step_runner.emulator.step = global_step            # --emulate_schedule's clock
             t_step = time.perf_counter()
             record = self.train_step(idx, epoch, sizes, nxt)
             timing = self.insight.end_step(sizes, record, time.perf_counter() - t_step)
@@ -258,7 +272,7 @@ class Trainer:
             call(callbacks, "on_batch_end", self, global_step,
                  {"loss": record.loss, **{m: float(v) for m, v in zip(self.metric_names, record.metrics)},
                   "learning_rate": rate, "batch_size": step_total, **timing})
-            self.dp.after_step(global_step, record.compute_s_per_sample)
+            self.dp.after_step(global_step, record, sizes)
             self.last_point = (epoch, step + 1, sums.copy(), samples)
             if record.output_failed and step + 1 < self.steps_per_epoch:
                 self.agree_on_outputs()          # raises on every rank: fit's rescue follows

@@ -26,6 +26,7 @@ class Parallelism:
     sizes: Any = None
     policy: Any = None                  # a BalancePolicy or a --balance value; None: from balance_mode
     balance_mode: str = "none"
+    devices: Any = None                 # one of "cpu" / "gpu" per replica (what the policy is told)
     rebalance_interval: int = 20
     gradient_weighting: Any = "proportional"
     non_blocking: bool = False
@@ -68,10 +69,14 @@ class Outputs:
 
 @dataclass
 class Emulation:
-    """--emulate_speeds: this replica's speed factor, busy-waiting, and the full-speed ranks it follows."""
+    """--emulate_speeds: this replica's speed factor, busy-waiting, and the full-speed ranks it follows;
+    --emulate_costs and --emulate_schedule: its emulated a + c b (pydtnn.parallel.emulation.EmulatedCost)
+    and its slowdowns [(factor, first step, last step)]."""
     emulate_speed: float = 1.0
     emulate_spin: bool = False
     emulate_reference: Any = ()
+    emulate_cost: Any = None
+    emulate_schedule: Any = ()
 
 
 GROUPS = {"parallel": Parallelism, "loop": Loop, "checkpointing": Checkpointing, "outputs": Outputs,

@@ -1,28 +1,159 @@
-"""The speed probe (--balance static without --replica_speeds): every replica's samples/s, timed on a few
-local steps that leave no trace (`TrainerStep.side_passes`), before training; the policy splits by it."""
+"""The probe before training: every replica timed at local batches of the policy's choosing, all replicas at
+once, step by step, on passes that leave no trace (`TrainerStep.side_passes`).
+
+    probe = LockStepProbe(step, comm, seed, global_batch, caps, devices, reports)
+    seconds, flagged = probe.measure([128, 64, 64])    # every replica's median compute seconds at its size
+    probe.warm([[8, 16, ..., 240], [], []])            # untimed passes (GPU shapes: plans, autotuning)
+    probe.speeds()                                     # samples/s at the equal split (the constant model)
+
+Lock step: every timed pass starts after a barrier, so every replica is timed while the others compute
+too, as in training (a replica timed while another waits would find the machine's shared cores, memory
+bandwidth or PCIe idle and look faster: identical replicas probed one after the other were split [73, 23]).
+Each point is the median of k timed passes after one untimed warm-up pass at that size (allocations,
+compilation, a cuDNN plan); k (3 to 15, about 0.2 s of the slowest replica) is agreed by all ranks. A timed
+pass more than twice the median of the others is flagged (printed with the model, not fitted; the median
+already leaves it out).
+
+A GPU replica's memory cap, where the device says how much memory it holds: measured from the memory its
+passes held at two local batches, m(b) = m0 + m1 b, as the largest b whose m(b) fits 90% of the device.
+"""
 from __future__ import annotations
 
 import math
 import time
 
-from pydtnn.parallel import balance
+import numpy as np
+
 from pydtnn.parallel.comm import raise_together
 from pydtnn.targets import as_targets
 
+MIN_PASSES, MAX_PASSES, TARGET_S = 3, 15, 0.2
 
-def probe_speeds(step, comm, seed, global_batch, caps):
-    """Samples/s of every replica (the same list on every rank). `step`: the Trainer's TrainerStep."""
-    B, P = global_batch, comm.size
-    b = max(1, min(B // P, min(caps) if caps else B))
-    idx = step.dataset.train.epoch_order(seed, 0)[:b]
-    x, labels = raise_together(comm, lambda: step.dataset.train.take(idx),
-                               "another rank could not read the speed probe's samples")
-    y = as_targets(labels, step.nclasses, step.model.dtype)
-    once_more = lambda: step.local_gradients(x, y, 1.0, overlap=False)      # noqa: E731
-    with step.side_passes():       # each rank times its own number of steps: no BatchNorm collectives
-        once_more()                                    # first call: allocations, compilation
+
+class LockStepProbe:
+    def __init__(self, step, comm, seed, global_batch, caps, devices, reports=None, memory=None):
+        """`step`: the Trainer's TrainerStep; `reports`: the engine's StepReports (the sizes this probe ran
+        are no warm-up in training); `memory()`: (bytes the device's pool holds, bytes free on the device)
+        or None (default: `device_memory` of the model's backend)."""
+        self.step, self.comm, self.seed = step, comm, seed
+        self.global_batch, self.user_caps, self._caps = int(global_batch), caps, None
+        self.memory = memory or (lambda: device_memory(step.model.backend))
+        self.devices = list(devices) if devices else ["cpu"] * comm.size
+        self.reports = reports
+        self.passes = None
+        self.ran: set[int] = set()
+        self._batch = None
+
+    @property
+    def caps(self):
+        """The --max_local_batch caps, lowered by a GPU replica's measured memory cap (a collective, on first
+        use: every rank reads it at the same point)."""
+        if self._caps is None:
+            top = self.global_batch - (self.comm.size - 1)
+            if self.user_caps is not None:
+                top = min(top, self.user_caps[self.comm.rank])
+            mine = -1.0
+            if self.devices[self.comm.rank] == "gpu" and self.memory() is not None:
+                with self.step.side_passes():
+                    mine = float(memory_cap(self.memory, self._pass, max(1, top // 4), top))
+            every = [int(c) for c in self.comm.allgather(mine)]
+            user = self.user_caps or [self.global_batch] * self.comm.size
+            self._caps = [min(u, c) if c > 0 else u for u, c in zip(user, every)]
+            if self.user_caps is None and all(c <= 0 for c in every):
+                self._caps = None
+        return self._caps
+
+    # --- the data ---------------------------------------------------------------------------------------
+    def _data(self, b):
+        """The first b samples of epoch 0's order (one read of the largest size, shared by all)."""
+        top = self.global_batch if self.user_caps is None else min(self.global_batch, max(self.user_caps))
+        if self._batch is None:
+            idx = self.step.dataset.train.epoch_order(self.seed, 0)[:top]
+            x, labels = raise_together(self.comm, lambda: self.step.dataset.train.take(idx),
+                                       "another rank could not read the probe's samples")
+            self._batch = (x, as_targets(labels, self.step.nclasses, self.step.model.dtype))
+        x, y = self._batch
+        return x[:b], y[:b]
+
+    def _pass(self, b):
+        if b <= 0:
+            return
+        x, y = self._data(b)
+        self.step.local_gradients(x, self.step.model.backend.asarray(y), 1.0, overlap=False)
+
+    # --- the probe's calls ---------------------------------------------------------------------------------
+    def warm(self, sizes_per_replica):
+        """Untimed passes at each of this replica's sizes (every rank calls it; no collectives inside)."""
+        with self.step.side_passes():
+            for b in sizes_per_replica[self.comm.rank]:
+                self._pass(b)
+                self.ran.add(int(b))
+        if self.reports is not None:
+            self.reports.warmed(self.comm.rank, sizes_per_replica[self.comm.rank])
+        self.comm.barrier()
+
+    def measure(self, sizes):
+        """(every replica's median compute seconds at sizes[i], per replica the flagged passes' seconds)."""
+        b = int(sizes[self.comm.rank])
+        times = []
+        with self.step.side_passes():
+            if b not in self.ran:
+                self._pass(b)                             # warm-up: not timed
+                self.ran.add(b)
+            if self.passes is None:                       # k from the slowest replica's pass
+                once = self._timed(b)
+                slowest = float(np.max(self.comm.allgather(once)))
+                self.passes = min(MAX_PASSES, max(MIN_PASSES, math.ceil(TARGET_S / max(slowest, 1e-9))))
+            for _ in range(self.passes):
+                times.append(self._timed(b))
+        if self.reports is not None:
+            self.reports.warmed(self.comm.rank, [b])
+        median = float(np.median(times)) if b > 0 else 0.0
+        flagged = [t for t in times if b > 0 and t > 2 * np.median([u for u in times if u is not t] or [t])]
+        gathered = np.asarray(self.comm.allgather(np.array([median, max(flagged, default=0.0), len(flagged)])))
+        gathered = gathered.reshape(self.comm.size, 3)
+        out_flagged = [[float(g[1])] * int(g[2]) if g[2] else [] for g in gathered]   # the worst, as often
+        return gathered[:, 0], out_flagged
+
+    def _timed(self, b):
+        self.comm.barrier()
         t0 = time.perf_counter()
-        once_more()
-        once = max(time.perf_counter() - t0, 1e-6)
-        k = max(5, min(100, math.ceil(0.3 / once)))   # at least ~0.3 s of timed steps: short probes are noisy
-        return balance.probe_speeds(once_more, comm, k=k, samples_per_call=len(idx)).tolist()
+        self._pass(b)
+        return time.perf_counter() - t0
+
+    def speeds(self):
+        """Every replica's samples/s at the equal split (the constant model's one point)."""
+        from pydtnn.parallel.balance import partition
+        sizes = partition(self.global_batch, [1.0] * self.comm.size, self.user_caps)
+        seconds, _ = self.measure(sizes)
+        return [b / max(t, 1e-9) for b, t in zip(sizes, seconds)]
+
+
+# ------------------------------------------------------------------------------------- device memory
+
+MEMORY_FRACTION = 0.9
+
+
+def device_memory(backend):
+    """(bytes the device's memory pool holds, bytes free on the device) for a CuPy backend, else None."""
+    xp = getattr(backend, "xp", None)
+    if getattr(xp, "__name__", "") != "cupy":
+        return None
+    try:
+        free, _ = xp.cuda.runtime.memGetInfo()
+        return float(xp.get_default_memory_pool().total_bytes()), float(free)
+    except Exception:                   # noqa: BLE001  (a stand-in or a driver without it: no measured cap)
+        return None
+
+
+def memory_cap(memory, run, b_lo, b_hi):
+    """The largest local batch whose memory fits MEMORY_FRACTION of the device, from the pool held after
+    passes at b_lo and b_hi (m(b) = m0 + m1 b; a pool keeps its peak); 0 when it does not grow with b."""
+    run(b_lo)
+    held_lo, _ = memory()
+    run(b_hi)
+    held_hi, free = memory()
+    per_sample = (held_hi - held_lo) / max(b_hi - b_lo, 1)
+    if per_sample <= 0:
+        return 0
+    return int(b_hi + (MEMORY_FRACTION * (free + held_hi) - held_hi) // per_sample)

@@ -92,7 +92,7 @@ class TrainerStep:
     def calibrate_emulation(self, x, y, weight):
         """--emulate_speeds: this replica's own time per sample, before its first step (pydtnn.parallel.emulation);
         nothing once calibrated or at full speed."""
-        if not self.emulator.active or self.emulator.calibrated:
+        if not self.emulator.active or self.emulator.calibrated or not len(x):    # (0: a replica sitting out)
             return
         def once():
             self.model.compute_gradients(x, y, self.loss, loss_scale=weight)

@@ -10,7 +10,7 @@ from pydtnn.launch.data_and_model import rank_data_and_model
 from pydtnn.launch.split import initial_split
 from pydtnn.errors import ConfigError
 from pydtnn.parallel.comm import SerialComm
-from pydtnn.parallel.policies import DynamicPolicy, ProbePolicy, StaticPolicy
+from pydtnn.parallel.policies import DynamicPolicy, FPMPolicy, ProbePolicy, StaticPolicy
 
 FAST = ["--model", "simplemlp", "--synthetic_samples", "64", "--batch_size", "16", "--progress_bar", "false",
         "--lr_schedulers", "", "--threads_per_replica", "1"]
@@ -24,7 +24,9 @@ def test_configure_decides_once_from_the_flags():
     assert c.learning_rate == pytest.approx(0.03) and "linear scaling" in c.learning_rate_why   # SGD x 3 replicas
     assert c.global_batch == 64 * 3 and c.metrics == ["categorical_accuracy", "regression_mae"]
     assert c.weighting([1, 3]) == [0.25, 0.75]
-    assert isinstance(configure(cli.parse_args(["--parallel", "data", "--balance", "static"]), 2).policy, ProbePolicy)
+    # static without speeds probes the functional model; probe is the constant model's
+    assert isinstance(configure(cli.parse_args(["--parallel", "data", "--balance", "static"]), 2).policy, FPMPolicy)
+    assert isinstance(configure(cli.parse_args(["--parallel", "data", "--balance", "probe"]), 2).policy, ProbePolicy)
     assert isinstance(configure(cli.parse_args(["--parallel", "data", "--balance", "dynamic"]), 2).policy,
                       DynamicPolicy)
 

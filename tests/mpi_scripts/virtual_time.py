@@ -10,8 +10,8 @@ On it:
   replica is the same device, and `--emulate_speeds` slows one down by padding, on this clock, as it
   would on a real one. The cost is charged when the pass starts, so a replica with more samples also
   arrives later at the collectives inside the pass (synchronized BatchNorm's reductions);
-- a blocking allreduce ends when the last rank arrives: the ranks' clocks meet at the latest of them, so
-  a rank that arrives early waits for exactly the difference;
+- a blocking allreduce (or a barrier: the lock-step probe's) ends when the last rank arrives: the ranks'
+  clocks meet at the latest of them, so a rank that arrives early waits for exactly the difference;
 - anything else costs one tick (1e-7 s) per clock reading, so a spin loop ends; the emulation sleeps
   (exactly, on this clock) up to its last SPIN_S instead of spinning all the way (which would take
   hundreds of thousands of readings per step; its busy-wait is tested on a fake clock in test_emulation).
@@ -61,6 +61,7 @@ for module in (cli, trace, trainer, probe, balance, emulation, layer_timer, time
 
 compute_gradients = Model.compute_gradients
 allreduce_sum_ = MPIComm.allreduce_sum_
+barrier = MPIComm.barrier
 
 
 def timed_compute(self, x, *args, **kwargs):
@@ -68,21 +69,31 @@ def timed_compute(self, x, *args, **kwargs):
     return compute_gradients(self, x, *args, **kwargs)
 
 
-def meeting_allreduce(self, array):
+def meet(comm):
     latest = np.array([clock.now])
-    self.comm.Allreduce(self.MPI.IN_PLACE, latest, op=self.MPI.MAX)
+    comm.comm.Allreduce(comm.MPI.IN_PLACE, latest, op=comm.MPI.MAX)
     clock.now = float(latest[0])
+
+
+def meeting_allreduce(self, array):
+    meet(self)
     return allreduce_sum_(self, array)
 
 
-def sleeping_emulator(self, fraction, spin=False, clock=clock, sleep=clock.sleep):
-    emulator_init(self, fraction, False, clock, sleep)
+def meeting_barrier(self):
+    meet(self)
+    return barrier(self)
+
+
+def sleeping_emulator(self, fraction, spin=False, clock=clock, sleep=clock.sleep, **kw):
+    emulator_init(self, fraction, False, clock, sleep, **kw)
 
 
 emulator_init = emulation.SpeedEmulator.__init__
 emulation.SpeedEmulator.__init__ = sleeping_emulator
 Model.compute_gradients = timed_compute
 MPIComm.allreduce_sum_ = meeting_allreduce
+MPIComm.barrier = meeting_barrier
 
 if __name__ == "__main__":           # imported (another script's virtual clock): the patches only
     sys.exit(cli.main(sys.argv[1:]))

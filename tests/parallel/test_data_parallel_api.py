@@ -37,7 +37,7 @@ def test_local_slice_gives_each_rank_its_contiguous_rows(rank, rows):
 
 def test_defaults_split_equally_and_mistakes_are_one_line():
     assert DataParallel(_model(), SGD(), global_batch=61, comm=RankOf3(0)).sizes == [21, 20, 20]
-    assert DataParallel(_model(), SGD(), global_batch=60, comm=RankOf3(0), policy="static").policy.wants_probe
+    assert DataParallel(_model(), SGD(), global_batch=60, comm=RankOf3(0), policy="static").policy.wants_costs
     with pytest.raises(ConfigError, match="local batch sizes returned the split \\[10, 20\\]"):
         DataParallel(_model(), SGD(), global_batch=30, comm=RankOf3(0), sizes=[10, 20])
     dp = DataParallel(_model(), SGD(), global_batch=8)

@@ -12,14 +12,12 @@ Virtual-time error: every clock reading costs one tick (1e-7 s); a step reads th
 times, against b x COST >= 10 ms of compute: times per step are exact to 1e-3 relative (REL below).
 """
 import json
-import re
 
 import numpy as np
 import pytest
 
-from mpi_helpers import REPO_ROOT, describe, run_mpi  # noqa: E402
+from mpi_helpers import REPO_ROOT, describe, printed_split, run_mpi  # noqa: E402
 
-from pydtnn.parallel import balance  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 LAUNCHER = REPO_ROOT / "scripts" / "pydtnn_benchmark.py"
@@ -36,12 +34,6 @@ def launch(nprocs, args, timeout=120, virtual=True):
     return r
 
 
-def printed_split(stdout):
-    m = re.search(r"split as \[([0-9, ]+)\]", stdout)
-    assert m, stdout
-    return [int(v) for v in m.group(1).split(",")]
-
-
 def test_emulated_half_speed_replica_takes_twice_as_long_per_sample(tmp_path):
     history = tmp_path / "h.json"
     launch(2, ["--balance", "none", "--emulate_speeds", "1,0.5", "--global_batch_size", 64,
@@ -52,20 +44,24 @@ def test_emulated_half_speed_replica_takes_twice_as_long_per_sample(tmp_path):
         assert speeds[1] / speeds[0] == pytest.approx(0.5, rel=REL), row
 
 
-def test_dynamic_balancing_converges_to_the_emulated_speed_ratio(tmp_path):
+@pytest.mark.parametrize("probe", [False, True])
+def test_dynamic_balancing_converges_to_the_emulated_speed_ratio(tmp_path, probe):
     history = tmp_path / "h.json"
     # B = 200; 5 epochs of 10 steps, a re-split decision every 5 steps: 10 decisions.
     r = launch(2, ["--balance", "dynamic", "--rebalance_interval", 5, "--emulate_speeds", "1,0.5",
                    "--global_batch_size", 200, "--synthetic_samples", 2000, "--steps_per_epoch", 10,
-                   "--num_epochs", 5, "--learning_rate", 0.01, "--history_file", history])
-    assert printed_split(r.stdout) == [100, 100]                # it starts from the equal split
+                   "--num_epochs", 5, "--learning_rate", 0.01, "--history_file", history,
+                   "--balance_options", f"probe={str(probe).lower()}"])
+    # the speeds are exactly 1 : 0.5, so the splits that equalize compute times are 200 split 2 : 1 (133 : 67
+    # and 134 : 66 finish together: 134 units of time); without its probe it starts from the equal split
+    two_to_one = {(133, 67), (134, 66)}
+    assert tuple(printed_split(r.stdout)) in (two_to_one if probe else {(100, 100)})
     rows = json.loads(history.read_text())
     assert len(rows) == 5 and all(h["rank0_b"] + h["rank1_b"] == 200 for h in rows)
     splits = [(h["rank0_b"], h["rank1_b"]) for h in rows]
-    # the speeds are exactly 1 : 0.5, so the split that equalizes compute times is 200 split 2 : 1
-    assert splits[-3:] == [tuple(balance.partition(200, [1.0, 0.5]))] * 3, splits
+    assert all(s in two_to_one for s in splits[-3:]) and len(set(splits[-3:])) == 1, splits
     last = rows[-1]                          # and the compute times per step are then equal
-    assert last["rank0_compute_s"] == pytest.approx(last["rank1_compute_s"], rel=0.01), last
+    assert last["rank0_compute_s"] == pytest.approx(last["rank1_compute_s"], rel=0.02), last
 
 
 def test_static_balance_with_probed_speeds_splits_two_to_one():

@@ -11,7 +11,7 @@ from pydtnn.errors import CheckpointError, ConfigError
 from pydtnn.layers import FC, Input
 from pydtnn.optimizers import SGD
 from pydtnn.parallel.balance import check_split, partition
-from pydtnn.parallel.policies import DynamicPolicy, EqualPolicy, ProbePolicy, StaticPolicy, make_policy
+from pydtnn.parallel.policies import DynamicPolicy, EqualPolicy, FPMPolicy, ProbePolicy, StaticPolicy, make_policy
 from pydtnn.parallel.weighting import make_weighting
 from pydtnn.training.loop import Trainer
 from pydtnn.datasets import from_arrays
@@ -65,16 +65,25 @@ def plugin_dir(tmp_path):
 def test_built_in_names():
     assert isinstance(make_policy("none"), EqualPolicy) and isinstance(make_policy("equal"), EqualPolicy)
     assert isinstance(make_policy("static", speeds=[1, 2]), StaticPolicy)
-    assert isinstance(make_policy("static"), ProbePolicy) and isinstance(make_policy("probe"), ProbePolicy)
+    assert isinstance(make_policy("static"), FPMPolicy) and isinstance(make_policy("fpm"), FPMPolicy)
+    assert isinstance(make_policy("probe"), ProbePolicy)
     assert isinstance(make_policy("dynamic", interval=3), DynamicPolicy)
     assert make_policy("static", speeds=[1, 2, 3]).initial_sizes(60, 3, None) == [10, 20, 30]
     assert EqualPolicy().initial_sizes(7, 3, [2, 3, 3]) == partition(7, [1, 1, 1], [2, 3, 3]) == [2, 3, 2]
     assert ProbePolicy().probed(60, [1.0, 1.0, 4.0], None) == [10, 10, 40]
     dyn = make_policy("dynamic", interval=1)
-    assert dyn.initial_sizes(60, 3, None) == [20, 20, 20]
-    assert dyn.after_step(0, [3.0, 2.0, 1.0]) == partition(60, [1 / 3, 1 / 2, 1.0])   # 1 / seconds per sample
+    dyn.bind(0, 3)
+    dyn.sizes = dyn.initial_sizes(60, 3, None)
+    assert dyn.sizes == [20, 20, 20]
+    # a plain list of seconds per sample (the interface's older form): one point per replica, the constant
+    # model, whose equal finish times split in proportion to 1 / seconds per sample
+    assert dyn.after_step(0, [3.0, 2.0, 1.0]) == partition(60, [1 / 3, 1 / 2, 1.0])
     with pytest.raises(ConfigError, match="--balance must be one of"):
         make_policy("fastest")
+    with pytest.raises(ConfigError, match="--balance_options hysteresis: --balance fpm takes points"):
+        make_policy("fpm", options={"hysteresis": 0.1})
+    with pytest.raises(ConfigError, match="--balance_options points=2: must be >= 4"):
+        make_policy("dynamic", options={"points": 2})
 
 
 def test_user_policy_from_a_file_and_a_module(plugin_dir):
@@ -157,7 +166,7 @@ def test_gradient_weighting_plugins(plugin_dir):
     assert make_weighting("proportional")([10, 20, 30]) == [10 / 60, 20 / 60, 30 / 60]
     assert make_weighting("uniform")([10, 20, 30]) == [1 / 3] * 3
     assert make_weighting(f"{plugin_dir}/my_weights.py:weights")([1, 2]) == [0.5, 0.5]
-    with pytest.raises(ConfigError, match=r"returned \[1.0\] for sizes \[1, 2\]: expected 2 finite numbers"):
+    with pytest.raises(ConfigError, match=r"returned \[1.0\] for sizes \[1, 2\]: expected a list of 2 finite numbers"):
         make_weighting(f"{plugin_dir}/my_weights.py:broken")([1, 2])
     with pytest.raises(ConfigError, match="--gradient_weighting .* defines no nothing"):
         make_weighting(f"{plugin_dir}/my_weights.py:nothing")

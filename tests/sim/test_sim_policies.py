@@ -1,8 +1,9 @@
-"""The simulator's policy decisions are the trainer's: the same timing sequence, fed the way
-Trainer.train_epoch feeds pydtnn.parallel.balance, gives the same splits at the same steps."""
+"""The simulator's policy decisions are the trainer's: the same reports, fed the way the trainer's engine
+(DataParallel.after_step) feeds a policy, give the same splits at the same steps."""
 import numpy as np
 
 from pydtnn.parallel import balance
+from pydtnn.parallel.comm import SerialComm
 from pydtnn.sim.engine import Scenario, simulate
 from pydtnn.sim.policies import make_policy
 from pydtnn.sim.profile import Network, Profile
@@ -16,51 +17,65 @@ def _profile(L=6):
                    network=Network(5e-6, 1e-9, 2e-10), update_s=1e-4)
 
 
-def _trainer_decisions(seq, global_batch, P, interval):
-    """What Trainer does: DynamicBalancer(B, P, interval, initial equal split), then per step
-    observe(times) and maybe_rebalance(global_step); a returned split replaces self.sizes."""
-    bal = balance.DynamicBalancer(global_batch, P, interval=interval,
-                                  initial_sizes=balance.partition(global_batch, [1] * P))
+class RankOfP(SerialComm):
+    """Rank 0 of `size` for DataParallel's split arithmetic (construction only broadcasts, a no-op here)."""
+    def __init__(self, size):
+        super().__init__()
+        self._size = size
+
+    size = property(lambda self: self._size)
+
+
+def _trainer_decisions(reports, state, global_batch, P, interval):
+    """What the Trainer does with the same reports: DataParallel.after_step(step, report) on a dynamic policy
+    that starts from the same state (the probe's model); the splits it adopts, with the step."""
+    from pydtnn import Model
+    from pydtnn.layers import FC, Input
+    from pydtnn.optimizers import SGD
+    from pydtnn.parallel import DataParallel
+    m = Model(dtype="float64", seed=0)
+    m.add(Input(shape=(2,)))
+    m.add(FC(shape=(3,), activation="softmax"))
+    dp = DataParallel(m, SGD(), global_batch=global_batch, comm=RankOfP(P),
+                      policy=make_policy("dynamic", rebalance_interval=interval), log=lambda line: None)
+    dp.policy.load_state_dict(state)
+    dp.adopt(reports[0].sizes)
     out = []
-    for step, times in enumerate(seq):
-        if bal.observe(times):
-            new = bal.maybe_rebalance(step)
-            if new is not None:
-                out.append((step, new))
+    for step, report in enumerate(reports):
+        before = list(dp.sizes)
+        dp.after_step(step, report, report.sizes)
+        if dp.sizes != before:
+            out.append((step, list(dp.sizes)))
     return out
 
 
-def test_dynamic_policy_replays_the_trainers_decisions():
-    rng = np.random.default_rng(3)
-    P, B, interval = 5, 100, 10
-    speed = np.array([1.0, 1.0, 2.0, 0.5, 1.5])
-    seq = [(1e-3 / speed) * np.exp(0.05 * rng.standard_normal(P)) for _ in range(120)]
-    seq[37][2] = 0.0                      # an observation the trainer ignores (non-positive entry)
-    policy = make_policy("dynamic", rebalance_interval=interval)
-    policy.initial_sizes(B, P, None)
-    sim = [(s, new) for s, t in enumerate(seq) if (new := policy.after_step(s, t)) is not None]
-    assert sim == _trainer_decisions(seq, B, P, interval)
-    assert len(sim) >= 1                  # the sequence does make it re-split
-
-
-def test_engine_decisions_equal_the_trainers_on_its_own_timing_sequence(monkeypatch):
-    """Record what the engine hands the policy, replay it into the trainer's calls: same splits."""
+def test_engine_decisions_equal_the_trainers_on_its_own_reports(monkeypatch):
+    """Record the reports the engine hands the dynamic policy (after its probe), replay them through the
+    trainer's engine (DataParallel.after_step): the same splits at the same steps."""
     from pydtnn.parallel import policies
-    seen, decided = [], []
-    original = policies.DynamicPolicy.after_step
+    seen, decided, state = [], [], {}
+    after, probe = policies.DynamicPolicy.after_step, policies.DynamicPolicy.probe_costs
 
-    def spy(self, step, seconds_per_sample):
-        seen.append(np.array(seconds_per_sample))
-        new = original(self, step, seconds_per_sample)
+    def spy(self, step, report):
+        seen.append(report)
+        new = after(self, step, report)
         if new is not None:
             decided.append((step, list(new)))
         return new
+
+    def spy_probe(self, p):
+        new = probe(self, p)
+        state.update(self.state_dict())
+        return new
     monkeypatch.setattr(policies.DynamicPolicy, "after_step", spy)
+    monkeypatch.setattr(policies.DynamicPolicy, "probe_costs", spy_probe)
     sc = Scenario([_profile()] * 6, 120, policy="dynamic", speed_factors=[1, 1, 2, 2, 4, 4], noise=0.03,
                   stragglers=Stragglers(1, 3.0, 40), steps=160, rebalance_interval=10, seed=1)
     res = simulate(sc)
-    assert decided == _trainer_decisions(seen, 120, 6, 10)
-    assert res.sizes == (decided[-1][1] if decided else balance.partition(120, [1] * 6))
+    monkeypatch.undo()                                                 # the replay calls the policy itself
+    assert state["model"] is not None and len(decided) >= 1           # the stragglers do make it re-split
+    assert decided == _trainer_decisions(seen, state, 120, 6, 10)
+    assert res.sizes == decided[-1][1]
 
 
 def test_static_and_probe_use_the_partition():
@@ -85,8 +100,8 @@ class LopSided(BalancePolicy):
     def initial_sizes(self, global_batch, nreplicas, caps):
         return [global_batch - nreplicas + 1] + [1] * (nreplicas - 1)
 
-    def after_step(self, step, seconds_per_sample):
-        return [1] * len(seconds_per_sample) if step == 2 else None     # a bad split: it does not sum to B
+    def after_step(self, step, report):
+        return [1] * len(report) if step == 2 else None     # a bad split: it does not sum to B
 """
 
 
@@ -100,3 +115,39 @@ def test_a_users_policy_file_runs_in_the_simulator_and_its_bad_split_is_one_line
     with pytest.raises(ConfigError) as err:
         simulate(Scenario([_profile()] * 3, 30, policy=f"{path}:LopSided", steps=4, seed=0))
     assert "LopSided" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_simulator_takes_a_runs_cost_model(tmp_path):
+    """--cost_model: each replica's compute is the run's t_i(b) (whatever the profile says), and fpm's probe of
+    the step model finds its equal-finish split: one model, in one place."""
+    from pydtnn.parallel.cost_model import CostModel
+    from pydtnn.parallel.fpm_partition import equal_finish
+    model = CostModel.affine([0.040, 0.0, 0.0], [1e-4, 1.5e-3, 1.5e-3], ["gpu", "cpu", "cpu"])
+    res = simulate(Scenario([_profile()] * 3, 256, policy="fpm", balance_options={"bucket": 1}, cost_model=model,
+                            devices=["gpu", "cpu", "cpu"], steps=3, seed=0))
+    assert res.sizes == equal_finish(256, model) == [180, 38, 38]
+    assert np.allclose(res.compute_s, model.seconds(res.sizes), rtol=1e-12)
+
+
+def test_the_cost_model_flag_reads_json_and_checkpoints(tmp_path, capsys):
+    import json
+    import subprocess
+    import sys
+    from pydtnn.parallel.cost_model import CostModel
+    from pydtnn.sim.__main__ import main
+    CostModel.affine([0.040, 0.0], [1e-4, 1.5e-3]).save(tmp_path / "m.json")
+    args = ["run", "--model", "simplemlp", "--global_batch_size", "128", "--replicas", "2", "--steps", "2",
+            "--balance", "fpm", "--json"]
+    assert main([*args, "--cost_model", str(tmp_path / "m.json")]) == 0
+    assert json.loads(capsys.readouterr().out)["sizes"] == [95, 33]     # 40 + 0.1 b0 = 1.5 b1, b0 + b1 = 128
+    # a run's checkpoint (one replica, fpm): its probed model
+    run = subprocess.run([sys.executable, "scripts/pydtnn_benchmark.py", "--model", "simplemlp", "--parallel", "data",
+                          "--balance", "fpm", "--synthetic_samples", "128", "--global_batch_size", "32",
+                          "--progress_bar", "false", "--lr_schedulers", "model_checkpoint", "--model_checkpoint_metric",
+                          "loss", "--model_checkpoint_save_freq", "1", "--checkpoint_dir", str(tmp_path / "c")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert main([*args, "--cost_model", str(tmp_path / "c" / "epoch_0001.npz")]) == 0
+    assert sum(json.loads(capsys.readouterr().out)["sizes"]) == 128
+    assert main([*args, "--cost_model", str(tmp_path / "m.npz")]) == 2
+    assert "pydtnn: error:" in capsys.readouterr().err
