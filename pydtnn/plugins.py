@@ -2,10 +2,11 @@
 or a plug-in named "FILE.py:NAME" or "module:NAME" (`--balance`, `--gradient_weighting`).
 
 Every file is imported the same way (`import_user_file`): its folder is importable while it runs, so it may import
-modules beside it. A file that is not Python or imports a missing module is one ConfigError line naming the file;
-a bug in a model or dataset file's own code keeps its traceback. A plug-in's every failure (no such file, not
-Python, an import or an exception while the file runs, no such name) is one ConfigError line naming the flag and
-the spec: a launcher's user sees `pydtnn: error: ...`, not a traceback of our import machinery.
+modules beside it. Whatever the user's code raises (at import, in `create_model` / `create_dataset`, in a
+plug-in's constructor or methods: `user_code`) becomes one ConfigError: its first line names the file or the
+flag and the exception, and at most `USER_FRAMES` of the user's own frames follow it (file, line, the code), so
+a launcher's user sees `pydtnn: error: ...` and where their code failed, never a wall of our import machinery
+or of the MPI runtime. The original exception stays chained (`__cause__`) for a Python caller.
 """
 from __future__ import annotations
 
@@ -15,8 +16,12 @@ import importlib
 import importlib.util
 import os
 import sys
+import sysconfig
+import traceback
 
 from pydtnn.errors import ConfigError, PyDTNNError
+
+USER_FRAMES = 2          # the user's innermost frames shown under the error's line (two lines each)
 
 
 # --------------------------------------------------------------------------- a user's file, imported
@@ -25,6 +30,72 @@ def one_line(e) -> str:
     """The first line of an exception's message."""
     text = str(e).strip().splitlines()
     return text[0] if text else "(no message)"
+
+
+def _not_users_code() -> tuple:
+    """Folders whose frames are never the user's: this project's package and its models and datasets, the
+    standard library and the installed packages."""
+    here = os.path.dirname(os.path.realpath(__file__))
+    folders = {here, os.path.join(os.path.dirname(here), "models"), os.path.join(os.path.dirname(here), "datasets")}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        try:
+            folders.add(os.path.realpath(sysconfig.get_paths()[key]))
+        except KeyError:
+            pass
+    return tuple(f.rstrip(os.sep) + os.sep for f in folders)
+
+
+def user_frames(error, limit: int = USER_FRAMES) -> list[str]:
+    """The last `limit` frames of `error`'s traceback that run the user's own code, as traceback prints
+    them (`  File "...", line N, in f` and the line of code)."""
+    skip = _not_users_code()
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not f.filename.startswith("<") and not os.path.realpath(f.filename).startswith(skip)]
+    if isinstance(error, SyntaxError) and error.filename and error.lineno:       # the line that does not parse
+        frames.append(traceback.FrameSummary(error.filename, error.lineno, "<module>", line=error.text or ""))
+    lines = []
+    for f in frames[-limit:] if limit else []:
+        lines.append(f'  File "{f.filename}", line {f.lineno}, in {f.name}')
+        if f.line:
+            lines.append(f"    {f.line.strip()}")
+    return lines
+
+
+def user_error(label: str, error) -> ConfigError:
+    """The ConfigError for an exception the user's code raised: ``label: Type: message`` on its first line,
+    then the user's own frames (`user_frames`)."""
+    return ConfigError("\n".join([f"{label}: {type(error).__name__}: {one_line(error)}", *user_frames(error)]))
+
+
+@contextlib.contextmanager
+def user_code(label: str):
+    """Run the user's code: an exception it raises becomes `user_error` (one line and the user's frames);
+    the project's own errors (a PyDTNNError raised inside, e.g. a layer that does not fit) pass as they are."""
+    try:
+        yield
+    except PyDTNNError:
+        raise
+    except Exception as e:                         # noqa: BLE001  (the user's code: anything it raises)
+        raise user_error(label, e) from e
+
+
+def guard_methods(obj, names, label: str):
+    """Make each method in `names` of the user's object `obj` run under `user_code` (instance attributes,
+    so `obj` keeps its class and isinstance checks hold)."""
+    for name in names:
+        method = getattr(obj, name, None)
+        if callable(method):
+            setattr(obj, name, _guarded(method, f"{label}: {name}"))
+    return obj
+
+
+def _guarded(method, label):
+    def call(*args, **kwargs):
+        with user_code(label):
+            return method(*args, **kwargs)
+    call.__name__ = getattr(method, "__name__", "method")
+    call.__wrapped__ = method
+    return call
 
 
 @contextlib.contextmanager
@@ -58,10 +129,10 @@ def import_user_file(path, what: str):
     try:
         with importable_folder(os.path.dirname(path)):
             spec.loader.exec_module(module)
-    except (SyntaxError, ImportError, PyDTNNError) as e:     # not Python, a missing module: one line
+    except Exception as e:                         # noqa: BLE001  (not Python, a missing module, a bug: one error)
         sys.modules.pop(module_name, None)
         where = f" (line {e.lineno})" if isinstance(e, SyntaxError) and e.lineno else ""
-        raise ConfigError(f"{what} {path} failed to load{where}: {type(e).__name__}: {one_line(e)}") from e
+        raise user_error(f"{what} {path} failed to load{where}", e) from e
     except BaseException:
         sys.modules.pop(module_name, None)
         raise
@@ -97,20 +168,15 @@ def load(spec: str, what: str):
 
 
 def load_file(path: str, label: str):
-    """Import a .py file (`import_user_file`), with every failure while it runs one line starting with `label`."""
-    try:
-        return import_user_file(path, f"{label}: file")
-    except ConfigError:
-        raise
-    except Exception as e:                         # noqa: BLE001  (a bug in the file's code too: one line)
-        raise ConfigError(f"{label}: {path} failed to load: {type(e).__name__}: {one_line(e)}") from None
+    """Import a .py file (`import_user_file`), every failure while it runs one error starting with `label`."""
+    return import_user_file(path, f"{label}: file")
 
 
 def _import(name, label):
     try:
         return importlib.import_module(name)
     except Exception as e:                         # noqa: BLE001
-        raise ConfigError(f"{label}: cannot import {name}: {type(e).__name__}: {one_line(e)}") from None
+        raise user_error(f"{label}: cannot import {name}", e) from None
 
 
 def construct(spec: str, what: str, base=None):
@@ -119,7 +185,5 @@ def construct(spec: str, what: str, base=None):
     if not isinstance(cls, type) or (base is not None and not issubclass(cls, base)):
         kind = f"a subclass of {base.__module__}.{base.__name__}" if base is not None else "a class"
         raise ConfigError(f"{what} {spec}: expected {kind}, got {type(cls).__name__} {getattr(cls, '__name__', '')}")
-    try:
+    with user_code(f"{what} {spec}: {cls.__name__}() failed"):
         return cls()
-    except Exception as e:                         # noqa: BLE001
-        raise ConfigError(f"{what} {spec}: {cls.__name__}() failed: {type(e).__name__}: {one_line(e)}") from None

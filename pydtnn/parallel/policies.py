@@ -90,6 +90,9 @@ def make_policy(spec="none", *, speeds=None, interval=20) -> BalancePolicy:
         return spec
     if plugins.is_spec(spec):
         policy = plugins.construct(spec, "--balance", BalancePolicy)
+        # what its methods raise, in the launcher or the simulator: one line and the user's own frames
+        plugins.guard_methods(policy, ("initial_sizes", "after_step", "probed", "state_dict", "load_state_dict"),
+                              f"--balance {spec}")
         if not isinstance(getattr(policy, "name", None), str) or policy.name == BalancePolicy.name:
             policy.name = type(policy).__name__      # what checkpoints match on resume, wherever the file is
         return policy
