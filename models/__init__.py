@@ -103,7 +103,7 @@ def _build_from_file(path, model, nclasses, input_shape):
     if input_shape is not None and tuple(model.input_shape) != tuple(input_shape):
         raise ConfigError(f"model file {path} declares input shape {tuple(model.input_shape)}, but the data "
                           f"has shape {tuple(input_shape)}")
-    if nclasses is not None and tuple(model.output_shape) != (nclasses,):
+    if nclasses is not None and tuple(model.output_shape)[-1:] != (nclasses,):      # (T, classes): per position
         raise ConfigError(f"model file {path} gives outputs of shape {tuple(model.output_shape)}, but the "
                           f"data has {nclasses} classes")
     return model
