@@ -154,6 +154,10 @@ def make_trainer(config, devices, local, split, comm):
             trainer.resume(p.resume, keep_split=trainer.policy.measured,
                            learning_rate=config.learning_rate if "learning_rate" in anew else None,
                            restore_optimizer="optimizer_name" not in anew)
+            if trainer.start_epoch >= p.num_epochs and not p.evaluate_only:
+                raise ConfigError(f"--resume {p.resume}: its run trained {trainer.start_epoch} epoch(s) and "
+                                  f"--num_epochs {p.num_epochs} is the total, so nothing is left to train: give "
+                                  f"--num_epochs above {trainer.start_epoch} (or --evaluate_only true)")
     raise_together(comm, restore, "another rank could not read its weights or checkpoint")
     trainer.probe_split()
     return trainer
