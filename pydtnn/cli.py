@@ -95,10 +95,10 @@ def configuration(p, given, comm):
     from pydtnn.parallel.runtime import environment
     from pydtnn.parallel.comm import raise_together
     given = frozenset(vars(p)) if given is None else frozenset(given)
-    resume_lines, anew = [], set()
+    resume_lines, anew, inherited = [], set(), {}
     if p.resume:          # the checkpoint's run gives the flags this command line does not
         from pydtnn.training.checkpointing import read_meta
-        _, anew, resume_lines = raise_together(
+        inherited, anew, resume_lines = raise_together(
             comm, lambda: merge_resumed_flags(build_parser(), p, given, read_meta(p.resume)["flags"], p.resume),
             "another rank could not read its --resume checkpoint")
         if comm.size > 1:
@@ -106,6 +106,7 @@ def configuration(p, given, comm):
     run_config = configure(p, comm.size, environment.launched_with_many_processes())
     check_outputs(p, comm)
     run_config.resume = types.SimpleNamespace(lines=resume_lines, anew=anew)
+    run_config.given = given | frozenset(inherited)
     return run_config
 
 

@@ -19,6 +19,8 @@ def print_banner(config, devices, local, split, trainer):
     if "gpu" in devices.kinds:
         print(f"GPU float32 precision: {p.precision}" + (" (TF32 tensor cores)" if p.precision == "tf32"
                                                           else " (strict, no TF32)"))
+    if getattr(split, "batch_note", None):
+        print(split.batch_note)
     if config.data_parallel:
         print(f"global batch {split.global_batch} split as {trainer.sizes} (balance {p.balance}, weighting "
               f"{p.gradient_weighting})")

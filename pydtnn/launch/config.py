@@ -44,6 +44,7 @@ class RunConfig:
     caps: list | None        # --max_local_batch, one per replica
     trace_steps: object = None   # --trace_steps parsed
     resume: object = None    # --resume: the lines to print and the flags given anew (set by the launcher)
+    given: frozenset = frozenset(vars(argparse.Namespace()))   # the flags the command line or --resume set
 
     @property
     def global_batch(self) -> int:
