@@ -5,15 +5,15 @@ them) and the per-replica plot (--plots_dir). A `pydtnn.callbacks.Callback`; onl
 Per step (global step s, 1-based): loss and metrics of the global batch, learning_rate, samples_per_s
 (the global batch over the step's wall time), and for each replica r: rank{r}_b, rank{r}_compute_s and
 rank{r}_wait_s (its time blocked in the step's collectives before the step's statistics reduction, whose
-own wait the per-epoch table adds). TensorBoard tags: step/<name> and replica<r>/{b,compute_s,wait_s}
-per step, epoch/<name> per epoch (the history's numeric columns).
+own wait the per-epoch table adds). TensorBoard tags are one naming, the columns' own: step/<column> per
+step (the --step_history_file's: step/loss, step/rank0_b, ...) and epoch/<column> per epoch (the
+--history_file's: epoch/loss, epoch/rank0_b, ...).
 """
 from __future__ import annotations
 
 import csv
 import io
 import os
-import re
 
 from pydtnn.callbacks import Callback
 from pydtnn.outputs import atomic_write
@@ -21,7 +21,6 @@ from pydtnn.outputs import atomic_write
 __all__ = ["StepMetrics", "PLOT_NAME"]
 
 PLOT_NAME = "replicas.png"
-_REPLICA = re.compile(r"rank(\d+)_(b|compute_s|wait_s)$")
 
 
 class StepMetrics(Callback):
@@ -42,9 +41,7 @@ class StepMetrics(Callback):
         self.rows.append({"step": step + 1, **logs})
         if self.writer is not None:
             for name, value in logs.items():
-                m = _REPLICA.match(name)
-                tag = f"replica{m.group(1)}/{m.group(2)}" if m else f"step/{name}"
-                self.writer.add_scalar(tag, value, step + 1)
+                self.writer.add_scalar(f"step/{name}", value, step + 1)
 
     def on_epoch_end(self, trainer, epoch, logs):
         if not self.writes:
