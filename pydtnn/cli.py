@@ -220,6 +220,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("pydtnn: interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception:
+    except Exception as e:
+        from pydtnn.plugins import raised_by_users_code, user_error
+        if raised_by_users_code(e):      # a user's layer, callback or data that raised while training
+            shutdown.exit_on_user_error(user_error("your code raised", e))
         shutdown.abort_on_bug()
         raise

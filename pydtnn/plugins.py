@@ -32,11 +32,17 @@ def one_line(e) -> str:
     return text[0] if text else "(no message)"
 
 
-def _not_users_code() -> tuple:
-    """Folders whose frames are never the user's: this project's package and its models and datasets, the
-    standard library and the installed packages."""
+def _project_folders() -> tuple:
+    """This project's code: the package and its models and datasets (links to the repository's folders)."""
     here = os.path.dirname(os.path.realpath(__file__))
-    folders = {here, os.path.join(os.path.dirname(here), "models"), os.path.join(os.path.dirname(here), "datasets")}
+    return tuple(f + os.sep for f in (here, os.path.join(os.path.dirname(here), "models"),
+                                      os.path.join(os.path.dirname(here), "datasets")))
+
+
+def _not_users_code() -> tuple:
+    """Folders whose frames are never the user's: this project's, the standard library and the installed
+    packages."""
+    folders = {f.rstrip(os.sep) for f in _project_folders()}
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         try:
             folders.add(os.path.realpath(sysconfig.get_paths()[key]))
@@ -59,6 +65,20 @@ def user_frames(error, limit: int = USER_FRAMES) -> list[str]:
         if f.line:
             lines.append(f"    {f.line.strip()}")
     return lines
+
+
+def raised_by_users_code(error) -> bool:
+    """Whether `error` was raised by the user's own code: the innermost frame that is neither the standard
+    library nor an installed package (numpy called by the user's code counts as the user's) is the user's,
+    not this project's. A user's layer, callback or dataset split that raises inside training is then the
+    user's mistake, one line and its frames; an exception this project raises is a bug of ours."""
+    skip, project = _not_users_code(), _project_folders()
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = os.path.realpath(frame.filename)
+        if frame.filename.startswith("<") or (path.startswith(skip) and not path.startswith(project)):
+            continue                    # the standard library or a package: look at who called it
+        return not path.startswith(project)
+    return False
 
 
 def user_error(label: str, error) -> ConfigError:

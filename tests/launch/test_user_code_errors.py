@@ -19,6 +19,11 @@ FILES = {
     "data_at_import.py": "import numpy as np\n\nTABLE = {}['missing']\n\n\ndef create_dataset(seed):\n    pass\n",
     "model.py": ("from pydtnn.layers import FC, Input\n\n\ndef create_model(model):\n"
                  "    model.add(Input(shape=(1, 28, 28)))\n    model.add(FC(10, units_typo=3))\n"),
+    "layer.py": ("from pydtnn.layers import FC, Flatten, Input, Layer\n\n\nclass Halves(Layer):\n"
+                 "    def build(self, in_shape):\n        return in_shape\n\n"
+                 "    def forward(self, x, training=False):\n        return x / self.divisor\n\n\n"
+                 "def create_model(model):\n    model.add(Input(shape=(1, 28, 28)))\n    model.add(Flatten())\n"
+                 "    model.add(Halves())\n    model.add(FC(10, activation='softmax'))\n"),
     "policy.py": ("from pydtnn.parallel.balance import BalancePolicy\n\n\n"
                   "class AtStart(BalancePolicy):\n    def initial_sizes(self, global_batch, nreplicas, caps):\n"
                   "        return [global_batch / 0] * nreplicas\n\n\n"
@@ -34,11 +39,17 @@ CASES = {
                                  "data_at_import.py", 3),
     "model raises": (["--model", "{d}/model.py", "--dataset", "mnist", "--use_synthetic_data", "true"],
                      "model file {d}/model.py: create_model failed: TypeError", "model.py", 6),
+    "a layer raises in training": (["--model", "{d}/layer.py", "--dataset", "mnist", "--use_synthetic_data", "true"],
+                                   "your code raised: AttributeError: 'Halves' object has no attribute 'divisor'",
+                                   "layer.py", 9),
     "policy raises at start": (["--parallel", "data", "--balance", "{d}/policy.py:AtStart"],
                                "--balance {d}/policy.py:AtStart: initial_sizes: ZeroDivisionError", "policy.py", 6),
     "policy raises after a step": (["--parallel", "data", "--balance", "{d}/policy.py:AfterStep"],
                                    "--balance {d}/policy.py:AfterStep: after_step: AttributeError", "policy.py", 11),
 }
+
+
+AFTER_THE_BANNER = ("policy raises after a step", "a layer raises in training")
 
 
 @pytest.fixture
@@ -75,7 +86,7 @@ def test_the_users_code_that_raises_is_one_line_and_its_frames(user_dir, case):
     # an error before any work prints nothing before it; one inside training follows the banner's lines
     lines = r.stderr.splitlines()
     _check(lines, case, user_dir, 2, r.returncode, r.stderr)
-    if case != "policy raises after a step":
+    if case not in AFTER_THE_BANNER:
         assert r.stdout == "", r.stdout
 
 
@@ -92,11 +103,31 @@ def test_the_simulator_runs_a_raising_policy_into_the_same_line(user_dir, policy
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("case", ["dataset raises", "model raises", "policy raises after a step"])
+@pytest.mark.parametrize("case", ["dataset raises", "model raises", "policy raises after a step",
+                                  "a layer raises in training"])
 def test_under_mpiexec_every_rank_stops_with_one_line_and_the_frames(user_dir, case):
     r = run_mpi(2, LAUNCHER, [*FAST, "--parallel", "data", *_flags(case, user_dir)], timeout=240)
     # stderr alone: the banner's own rules of dashes (on stdout) are no part of Open MPI's notice
     lines = output_of_our_processes(r, r.stderr)
     _check(lines, case, user_dir, 2, r.returncode, describe(r))
-    if case != "policy raises after a step":
+    if case not in AFTER_THE_BANNER:
         assert r.stdout == "", describe(r)
+
+
+def test_only_the_users_own_code_makes_a_user_error(tmp_path):
+    """The innermost frame that is not the standard library or a package decides: the user's file (also when
+    it called numpy, which raised) is the user's mistake; this project's code is a bug of ours."""
+    from pydtnn.plugins import raised_by_users_code
+    (tmp_path / "mine.py").write_text("import numpy as np\n\n\ndef load():\n    return np.load('/no/such.npy')\n\n\n"
+                                      "def call(f):\n    return f()\n")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("mine_for_test", tmp_path / "mine.py")
+    mine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mine)
+    with pytest.raises(FileNotFoundError) as e:
+        mine.load()
+    assert raised_by_users_code(e.value)
+    from pydtnn.parallel.sharding import steps_in_epoch
+    with pytest.raises(Exception) as e:
+        mine.call(lambda: steps_in_epoch(-1, 4))            # raised by this project's code, called by the user's
+    assert not raised_by_users_code(e.value)
