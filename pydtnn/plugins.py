@@ -56,7 +56,8 @@ def user_frames(error, limit: int = USER_FRAMES) -> list[str]:
     them (`  File "...", line N, in f` and the line of code)."""
     skip = _not_users_code()
     frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if not f.filename.startswith("<") and not os.path.realpath(f.filename).startswith(skip)]
+              if not f.filename.startswith("<") and os.path.isfile(f.filename)
+              and not os.path.realpath(f.filename).startswith(skip)]
     if isinstance(error, SyntaxError) and error.filename and error.lineno:       # the line that does not parse
         frames.append(traceback.FrameSummary(error.filename, error.lineno, "<module>", line=error.text or ""))
     lines = []
@@ -75,7 +76,8 @@ def raised_by_users_code(error) -> bool:
     skip, project = _not_users_code(), _project_folders()
     for frame in reversed(traceback.extract_tb(error.__traceback__)):
         path = os.path.realpath(frame.filename)
-        if frame.filename.startswith("<") or (path.startswith(skip) and not path.startswith(project)):
+        if (frame.filename.startswith("<") or not os.path.isfile(path)          # compiled (mpi4py's Cython)
+                or (path.startswith(skip) and not path.startswith(project))):
             continue                    # the standard library or a package: look at who called it
         return not path.startswith(project)
     return False

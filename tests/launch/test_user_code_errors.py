@@ -131,3 +131,15 @@ def test_only_the_users_own_code_makes_a_user_error(tmp_path):
     with pytest.raises(Exception) as e:
         mine.call(lambda: steps_in_epoch(-1, 4))            # raised by this project's code, called by the user's
     assert not raised_by_users_code(e.value)
+
+
+def test_a_compiled_library_frame_is_not_the_users_code():
+    """mpi4py's Cython frames name source files that are not on disk (src/mpi4py/MPI.src/...): an MPI error
+    raised there, under this project's call, is no user's mistake (it was reported as one)."""
+    import functools
+    from pydtnn.parallel.comm import SerialComm, raise_together
+    from pydtnn.plugins import raised_by_users_code
+    compiled = compile("raise RuntimeError('Other MPI error')", "src/mpi4py/MPI.src/Comm.pyx", "exec")
+    with pytest.raises(RuntimeError) as e:            # exec is a builtin: no frame between ours and the "pyx"
+        raise_together(SerialComm(), functools.partial(exec, compiled, {}), "elsewhere")
+    assert not raised_by_users_code(e.value)
