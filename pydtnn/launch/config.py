@@ -214,7 +214,10 @@ def merge_resumed_flags(parser, p, given, saved: dict, path: str):
         value = saved[dest]
         if value is None:
             continue
-        argv += [option_of(parser, dest), flag_text(value) if not isinstance(value, float) else repr(value)]
+        # typed as the command line would pass it: an empty value is an empty argument (flag_text's '""' is
+        # how it is shown, and parsed back it was the two-character text '""': --lr_schedulers "" failed)
+        typed = "" if value == "" else flag_text(value) if not isinstance(value, float) else repr(value)
+        argv += [option_of(parser, dest), typed]
     try:
         parsed = parser.parse_args(argv)
     except ConfigError as e:

@@ -75,3 +75,14 @@ def test_under_mpiexec_no_epochs_is_one_line_on_every_rank():
     r = run_mpi(2, LAUNCHER, [*FAST, "--parallel", "data", "--num_epochs", "0"], timeout=120)
     lines = output_of_our_processes(r)
     assert r.returncode == 2 and len(lines) == 1 and "--num_epochs 0 trains nothing" in lines[0], describe(r)
+
+
+def test_a_resume_alone_takes_an_empty_flag_of_its_run_as_empty(tmp_path):
+    """`--resume CK` alone: the run's --lr_schedulers "" comes back empty (it came back as the text '""', an
+    unknown scheduler)."""
+    r = _launch(tmp_path, "--num_epochs", "1", "--model_checkpoint_save_steps", "1", "--checkpoint_dir", tmp_path / "ck")
+    assert r.returncode == 0, r.stderr[-2000:]
+    saved = sorted((tmp_path / "ck").glob("*.npz"))
+    r = subprocess.run([sys.executable, LAUNCHER, "--resume", str(saved[-1]), "--num_epochs", "2"],
+                       capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 0 and "epoch 2: loss=" in r.stdout, r.stderr[-2000:]
