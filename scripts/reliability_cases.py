@@ -699,19 +699,17 @@ def _full_disk(ctx):
 for _flag, _value in (("--history_file", "full/h.csv"), ("--step_history_file", "full/s.csv"),
                       ("--tracer_output", "full/t.json"), ("--tensorboard_dir", "full/tb"), ("--plots_dir", "full/p"),
                       ("--save_weights_and_bias_filename", "full/w.npz")):
-    @case(LOST, f"a full disk under {_flag}", "one line naming the failure and where the weights went; "
-          "the trained state saved", part=2)
+    @case(LOST, f"a full disk under {_flag}", "one line naming the failure and the rescue; the trained state "
+          "saved in the writable --checkpoint_dir", part=2)
     def _(ctx, flag=_flag, value=_value):
         _full_disk(ctx)
         try:
             extra = ["--tracing", "true"] if flag == "--tracer_output" else []
-            if flag != "--save_weights_and_bias_filename":
-                extra += ["--save_weights_and_bias_filename", "w.npz"]
             r = ctx.launch(fast(flag, value, *extra, "--num_epochs", "2", "--checkpoint_dir", "ck"), timeout=90)
         finally:
             ctx.cleanup()
+        # the rescue: the full state (a checkpoint) or the final weights, in the writable --checkpoint_dir
         kept = sorted(p.name for p in (ctx.folder / "ck").glob("*.npz")) if (ctx.folder / "ck").exists() else []
-        kept += ["w.npz"] if (ctx.folder / "w.npz").exists() else []
         ok, what = one_line(r, "", before_work=False)
         return ok and bool(kept), f"{what}; kept: {kept or 'nothing'}"
 
@@ -812,3 +810,74 @@ def _(ctx):
         same = all(np.array_equal(a[k], b[k]) for k in a.files)
     return same, f"{said(r)}; resumed from {saved[-1].name}: weights {'identical' if same else 'DIFFER'}"
 
+
+
+# ==================================================================================== more neighbours
+
+@case(ONE, "a dataset file whose own split raises while training", "one line and the user's frames, status 2",
+      mpi=(False, True))
+def _(ctx):
+    ctx.write("data.py", "import numpy as np\nfrom pydtnn.datasets import ArraySplit, Dataset\n\n\n"
+                         "class Flaky(ArraySplit):\n    def take(self, indices, epoch=None):\n"
+                         "        if epoch is not None:\n            raise IOError('shard server went away')\n"
+                         "        return super().take(indices, epoch)\n\n\n"
+                         "def create_dataset(seed):\n    x, y = np.zeros((64, 1, 28, 28), np.float32), np.arange(64) % 10\n"
+                         "    return Dataset(name='f', input_shape=(1, 28, 28), nclasses=10, "
+                         "train=Flaky(x, y, nclasses=10), val=None, test=None)\n")
+    return one_line(ctx.launch(fast("--dataset", "data.py", *mpi_flags(ctx))), "OSError: shard server went away",
+                    before_work=False, frames=4)
+
+
+@case(ONE, "--balance naming a class that is no BalancePolicy", "one line before work")
+def _(ctx):
+    ctx.write("pol.py", "class Mine:\n    pass\n")
+    return one_line(ctx.launch(fast("--parallel", "data", "--balance", "pol.py:Mine")), "expected a subclass")
+
+
+@case(ONE, "--gradient_weighting naming a module that does not exist", "one line before work")
+def _(ctx):
+    return one_line(ctx.launch(fast("--parallel", "data", "--gradient_weighting", "no_such_mod:w")),
+                    "cannot import no_such_mod")
+
+
+@case(NEW, "the bytes dataset with --sequence_length 1000", "one line: fewer than 2 sequences")
+def _(ctx):
+    return one_line(ctx.launch(["--model", "bytelm_small", "--dataset", "bytes", "--sequence_length", "1000"]),
+                    "fewer than 2 sequences")
+
+
+@case(NEW, "the byte model under mpiexec with --global_batch_size 64 given", "one line: the user's batch is kept",
+      mpi=(True,))
+def _(ctx):
+    return one_line(ctx.launch(["--model", "bytelm_small", "--dataset", "bytes", "--parallel", "data",
+                                "--global_batch_size", "64"]), "larger than the 60 training samples")
+
+
+@case(NEW, "Embedding on an id beyond its table", "one line naming the layer and the id")
+def _(ctx):
+    ctx.write("data.py", "import numpy as np\ndef create_dataset(seed):\n    x = np.ones((64, 4), np.int64)\n"
+                         "    x[3, 1] = 99\n    return x, np.arange(64) % 5\n")
+    ctx.write("m.py", "from pydtnn.layers import FC, Embedding, Flatten, Input\ndef create_model(model):\n"
+                      "    model.add(Input(shape=(4,), dtype='int64'))\n    model.add(Embedding(8, 3))\n"
+                      "    model.add(Flatten())\n    model.add(FC(5, activation='softmax'))\n")
+    return one_line(ctx.launch(fast("--dataset", "data.py", "--model", "m.py", "--steps_per_epoch", "4")),
+                    "token id 99 is outside [0, 8)", before_work=False)
+
+
+@case(NEW, "simulator: --ranks_per_node 3 for 6 replicas and a sweep", "says what it models: 2 nodes of 3; the sweep "
+      "3, 6", how="pydtnn-simulate")
+def _(ctx):
+    return works(ctx.simulate(["run", "--model", "simplemlp", "--global_batch_size", "60", "--replicas", "6",
+                               "--ranks_per_node", "3", "--steps", "5", "--sweep", "auto"]),
+                 "modelled: 6 replica(s) on 2 node(s) of 3 rank(s)", "sweep: 3 rank(s) per node")
+
+
+@case(NEW, "simulator: the JSON document says what it models", "nodes, ranks_per_node, layout", how="pydtnn-simulate")
+def _(ctx):
+    r = ctx.simulate(["run", "--model", "simplemlp", "--global_batch_size", "64", "--replicas", "4", "--steps", "3",
+                      "--json"])
+    if r.rc != 0:
+        return False, said(r)
+    doc = json.loads(r.out)
+    return {"nodes", "ranks_per_node", "layout"} <= set(doc), f"nodes {doc.get('nodes')}, ranks_per_node " \
+                                                             f"{doc.get('ranks_per_node')}: {doc.get('layout')}"
