@@ -31,7 +31,7 @@ def test_without_torch_an_oracle_test_is_skipped_or_fails_where_required(tmp_pat
 
 def test_ci_installs_the_oracle_and_requires_it():
     script = (REPO / ".ci" / "run").read_text()
-    lines = [line.strip() for line in script.splitlines() if not line.lstrip().startswith("#")]
-    install = next(i for i, line in enumerate(lines) if line == 'pip install "torch==2.13.0"')
-    run = next(i for i, line in enumerate(lines) if line == "PYDTNN_REQUIRE_TORCH_ORACLE=1 python -m pytest -q")
-    assert install < run
+    lines = [line.split("#")[0].strip() for line in script.splitlines()]
+    install = lines.index('pip install "torch==2.13.0"')
+    require = lines.index("export PYDTNN_REQUIRE_TORCH_ORACLE=1")
+    assert install < require < lines.index("python -m pytest -q") < lines.index("unset PYDTNN_REQUIRE_TORCH_ORACLE")
