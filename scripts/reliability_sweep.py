@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -116,7 +117,10 @@ class Context:
 
 
 def _cell(text: str, limit: int = 150) -> str:
-    text = " ".join(str(text).split()).replace("|", "\\|")
+    """One table cell: one line, pipes escaped, this machine's folders as the repository (.) and a case's (CASE)."""
+    text = re.sub(r"\S*pydtnn-sweep-[^/\s]+/case\d+", "CASE", str(text)).replace(str(REPO), ".")
+    text = "".join(c if c.isprintable() else " " for c in text)      # a NUL from a runtime's stderr
+    text = " ".join(text.split()).replace("|", "\\|")
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
