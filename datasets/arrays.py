@@ -1,7 +1,8 @@
 """A dataset from a researcher's own arrays: in memory or memory-mapped (`np.load(path, mmap_mode="r")`).
 
 `x` is (N, *input_shape): float features or images used as they are (in their own float type, at least
-float32), or integers (int64: an embedding's ids; the model casts them to its dtype otherwise). `y` is (N,) integer class labels (or (N, T) per-position labels), or float
+float32), or integers (int64: an embedding's ids; the model casts them to its dtype otherwise). `y` is (N,) integer class labels
+(or (N, T) per-position labels, for a model whose outputs are (T, classes)), or float
 targets (N, *target_shape) for a regression or an autoencoder. Nothing reads `x` whole: a batch reads only
 its rows, in ascending order (sequential on disk), so every rank of a job can map the same file.
 The labels are read once to count the classes (N integers: small beside the images).
@@ -127,7 +128,8 @@ def from_arrays(x_train, y_train, x_test=None, y_test=None, *, name: str = "arra
     labels = np.issubdtype(y_train.dtype, np.integer)
     if labels:
         k = max(_label_count(y_train, f"{name} (train)"), _label_count(y_test, f"{name} (test)") if has_test else 0)
-        target_shape = None
+        # per-position labels (N, T): the model gives (T, classes), a distribution at every position
+        target_shape = tuple(int(d) for d in y_train.shape[1:]) + (k,) if len(y_train.shape) > 1 else None
     else:
         target_shape = tuple(int(d) for d in y_train.shape[1:]) or (1,)
         if not y_train.shape[1:]:

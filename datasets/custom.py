@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from pydtnn.errors import ConfigError, DatasetError, PyDTNNError
-from pydtnn.plugins import importable_folder, one_line, user_function
+from pydtnn.plugins import importable_folder, one_line, user_code, user_function
 
 from .arrays import from_arrays
 from .base import Dataset
@@ -28,11 +28,15 @@ def load_dataset_file(path, *, seed: int = 0, validation_split: float = 0.0,
     path = os.path.abspath(os.fspath(path))
     create = user_function(path, "create_dataset", "dataset file", "create_dataset(seed)")
     what = f"dataset file {path}"
+    label = f"{what}: create_dataset failed"
     try:
-        with importable_folder(os.path.dirname(path)):
+        # whatever the user's code raises: one error line and the user's own frames (`pydtnn.plugins.user_code`)
+        with importable_folder(os.path.dirname(path)), user_code(label):
             made = create(int(seed))
     except PyDTNNError as e:        # the project's own error raised inside: one line naming the file
-        raise type(e)(f"{what}: create_dataset failed: {type(e).__name__}: {one_line(e)}") from e
+        if str(e).startswith(label):
+            raise
+        raise type(e)(f"{label}: {type(e).__name__}: {one_line(e)}") from e
     if isinstance(made, Dataset):
         if validation_split or test_as_validation:
             raise ConfigError(f"{what} returns a Dataset: it defines its own val split, so --validation_split "

@@ -21,7 +21,7 @@ import inspect
 import os
 
 from pydtnn.errors import ConfigError, PyDTNNError
-from pydtnn.plugins import importable_folder, one_line, user_function
+from pydtnn.plugins import importable_folder, one_line, user_code, user_function
 
 from . import _common
 from . import (alexnet, autoencoder, densenet, googlenet, inception, mobilenet, resnet, simple,  # noqa: F401
@@ -87,21 +87,23 @@ def _build_from_file(path, model, nclasses, input_shape):
         kwargs["nclasses"] = _common.check_nclasses(nclasses, f"model file {path}")
     if input_shape is not None and "input_shape" in params:
         kwargs["input_shape"] = _common.check_input_shape(input_shape, f"model file {path}")
+    label = f"model file {path}: create_model failed"
     try:
-        with importable_folder(os.path.dirname(path)):     # create_model may import lazily too
+        # create_model may import lazily too; whatever it (or a layer of the user's) raises is one error line
+        # and the user's own frames (`pydtnn.plugins.user_code`)
+        with importable_folder(os.path.dirname(path)), user_code(label):
             create(model, **kwargs)
     except PyDTNNError as e:
-        # a user's mistake the project detected (a shape that does not fit...): one line naming the file.
-        # Anything else raised in create_model or in a layer's build/initialize is a bug in that code and
-        # keeps its traceback.
-        kind = type(e).__name__
-        raise type(e)(f"model file {path}: create_model failed: {kind}: {one_line(e)}") from e
+        # a user's mistake the project detected (a shape that does not fit...): one line naming the file
+        if str(e).startswith(label):
+            raise
+        raise type(e)(f"{label}: {type(e).__name__}: {one_line(e)}") from e
     if not model.layers:
         raise ConfigError(f"model file {path}: create_model added no layers to the model")
     if input_shape is not None and tuple(model.input_shape) != tuple(input_shape):
         raise ConfigError(f"model file {path} declares input shape {tuple(model.input_shape)}, but the data "
                           f"has shape {tuple(input_shape)}")
-    if nclasses is not None and tuple(model.output_shape) != (nclasses,):
+    if nclasses is not None and tuple(model.output_shape)[-1:] != (nclasses,):      # (T, classes): per position
         raise ConfigError(f"model file {path} gives outputs of shape {tuple(model.output_shape)}, but the "
                           f"data has {nclasses} classes")
     return model

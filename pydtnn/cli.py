@@ -97,20 +97,22 @@ def configuration(p, given, comm):
     from pydtnn.parallel.runtime import environment
     from pydtnn.parallel.comm import raise_together
     given = frozenset(vars(p)) if given is None else frozenset(given)
-    resume_lines, anew, meta = [], set(), None
+    resume_lines, anew, inherited, meta = [], set(), {}, None
     if p.resume:          # the checkpoint's run gives the flags this command line does not
         from pydtnn.training.checkpointing import read_meta
 
         def merge():
             saved = read_meta(p.resume)
             return saved, merge_resumed_flags(build_parser(), p, given, saved["flags"], p.resume)
-        meta, (_, anew, resume_lines) = raise_together(comm, merge, "another rank could not read its --resume checkpoint")
+        meta, (inherited, anew, resume_lines) = raise_together(comm, merge,
+                                                               "another rank could not read its --resume checkpoint")
         if comm.size > 1:
             agree_on_flags(comm.comm, build_parser(), p, what="resumed from checkpoints of runs with")
     run_config = configure(p, comm.size, environment.launched_with_many_processes())
     run_config.notes = adopt_rank0_outputs(p, comm)              # rank 0 writes: every rank takes its outputs
     run_config.step_rows_kept = check_outputs(p, comm, meta) or []
     run_config.resume = types.SimpleNamespace(lines=resume_lines, anew=anew)
+    run_config.given = given | frozenset(inherited)
     return run_config
 
 
@@ -161,6 +163,10 @@ def make_trainer(config, devices, local, split, comm):
             trainer.resume(p.resume, keep_split=trainer.policy.measured,
                            learning_rate=config.learning_rate if "learning_rate" in anew else None,
                            restore_optimizer="optimizer_name" not in anew)
+            if trainer.start_epoch >= p.num_epochs and not p.evaluate_only:
+                raise ConfigError(f"--resume {p.resume}: its run trained {trainer.start_epoch} epoch(s) and "
+                                  f"--num_epochs {p.num_epochs} is the total, so nothing is left to train: give "
+                                  f"--num_epochs above {trainer.start_epoch} (or --evaluate_only true)")
     raise_together(comm, restore, "another rank could not read its weights or checkpoint")
     trainer.probe_split()
     return trainer
@@ -224,6 +230,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("pydtnn: interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception:
+    except Exception as e:
+        from pydtnn.plugins import raised_by_users_code, user_error
+        if raised_by_users_code(e):      # a user's layer, callback or data that raised while training
+            shutdown.exit_on_user_error(user_error("your code raised", e))
         shutdown.abort_on_bug()
         raise

@@ -61,6 +61,9 @@ def read_npz(path: str, what="file") -> dict:
                     raise CheckpointError(f"{what} {path}: array {key!r} holds Python objects (pickled), "
                                           f"which are never loaded") from None
                 raise
+            if not isinstance(arrays[key], np.ndarray):      # a member that is no .npy: NumPy hands its bytes
+                raise CheckpointError(f"{what} {path}: member {key!r} is a plain file in the archive, not a "
+                                      f"NumPy array (.npy)")
     for key, value in arrays.items():
         _check_real(value, key, path, what)
     return arrays

@@ -57,3 +57,44 @@ def pytest_collection_modifyitems(config, items):
             continue
         if fn.__name__ in names or any(f"{h}(" in source for h in names):
             item.add_marker(pytest.mark.mpi)
+
+
+# --------------------------------------------------------------------------- the PyTorch oracle (optional)
+
+# Tests marked `oracle` compare with PyTorch (torch==2.13.0, the `bench` extra: optional for users). Without
+# torch they are skipped; where it must be there (CI sets this variable) its absence fails them instead, so
+# that a "checked against PyTorch" claim is never a skipped test counted as passing.
+REQUIRE_ORACLE_VAR = "PYDTNN_REQUIRE_TORCH_ORACLE"
+
+
+_TORCH = []
+
+
+def _torch_missing() -> bool:
+    if not _TORCH:
+        try:
+            import torch  # noqa: F401
+            _TORCH.append(False)
+        except ImportError:
+            _TORCH.append(True)
+    return _TORCH[0]
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("oracle") is not None and _torch_missing():
+        import os
+        if os.environ.get(REQUIRE_ORACLE_VAR) == "1":
+            pytest.fail(f"PyTorch oracle test, and torch is not installed ({REQUIRE_ORACLE_VAR}=1): "
+                        f"pip install torch==2.13.0", pytrace=False)
+        pytest.skip("PyTorch oracle: pip install torch==2.13.0")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line counting the PyTorch oracle tests of the run by outcome (CI reports it)."""
+    counts = {}
+    for outcome in ("passed", "failed", "skipped", "error"):
+        for report in terminalreporter.stats.get(outcome, []):
+            if "oracle" in getattr(report, "keywords", {}) and (report.when == "call" or outcome != "passed"):
+                counts[outcome] = counts.get(outcome, 0) + 1
+    if counts:
+        terminalreporter.write_line("PyTorch oracle tests: " + ", ".join(f"{n} {k}" for k, n in counts.items()))

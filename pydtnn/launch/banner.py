@@ -20,6 +20,8 @@ def print_banner(config, devices, local, split, trainer):
         what = {"tf32": "TF32 tensor cores", "fp32": "no TF32, any cuDNN algorithm",
                 "fp32_strict": "no TF32, FFT or Winograd"}[p.precision]
         print(f"GPU float32 precision: {p.precision} ({what})")
+    if getattr(split, "batch_note", None):
+        print(split.batch_note)
     if config.data_parallel:
         print(f"global batch {split.global_batch} split as {trainer.sizes} (balance {p.balance}, weighting "
               f"{p.gradient_weighting})")

@@ -6,7 +6,8 @@ The checks it runs, and the others, are plain functions of the parsed flags (and
 dataset or the replica count), testable without MPI:
 
 - `given_flags`: which flags the command line gave, as opposed to argparse's defaults;
-- `check_combinations`: contradictions between flags (`--resume` with `--weights_and_bias_filename`);
+- `check_combinations`: contradictions between flags (`--resume` with `--weights_and_bias_filename`), a run that
+  would train nothing (`--num_epochs 0`), an empty path;
 - `learning_rate_in_force`: the rate training starts at and why it differs from `--learning_rate`
   (linear scaling by the replica count only when the global batch is `--batch_size` x replicas);
 - `check_schedules`: scheduler values against that rate (`--cosine_min_lr`);
@@ -45,6 +46,7 @@ class RunConfig:
     resume: object = None    # --resume: the lines to print and the flags given anew (set by the launcher)
     notes: list = None       # lines for rank 0 to print before training (set by the launcher)
     step_rows_kept: list = None   # a resumed run's --step_history_file rows up to its checkpoint
+    given: frozenset = frozenset(vars(argparse.Namespace()))   # the flags the command line or --resume set
 
     @property
     def global_batch(self) -> int:
@@ -139,7 +141,18 @@ def given_flags(build_parser, argv) -> frozenset:
 
 # ---------------------------------------------------------------------------------- combinations of flags
 
+# Paths read (not written: `pydtnn.launch.outputs` checks those) that a given empty value would silently turn off
+READ_PATHS = ("resume", "weights_and_bias_filename", "dataset_train_path", "dataset_test_path")
+
+
 def check_combinations(p) -> None:
+    for dest in READ_PATHS:
+        value = getattr(p, dest, None)
+        if value is not None and not str(value).strip():
+            raise ConfigError(f"--{dest}: empty path (give a path, or leave the flag out)")
+    if p.num_epochs == 0 and not (p.evaluate_only or p.save_weights_and_bias_filename):
+        raise ConfigError("--num_epochs 0 trains nothing: give 1 or more (with --evaluate_only true it evaluates, "
+                          "with --save_weights_and_bias_filename it writes the initial weights)")
     if p.enable_nccl and p.parallel != "data":
         raise ConfigError("--enable_nccl needs --parallel data")
     if p.resume and p.weights_and_bias_filename:
@@ -183,7 +196,7 @@ def check_schedules(p, rate: float, why: str | None) -> None:
 # ------------------------------------------------------------------------------------ flags against data
 
 def check_against_data(p, dataset, global_batch: int) -> None:
-    if (p.evaluate_on_train or p.evaluate_only) and dataset.test is None:
+    if (p.evaluate_on_train or p.evaluate_only) and (dataset.test is None or len(dataset.test) == 0):
         raise ConfigError("the dataset has no test split to evaluate on (--evaluate, --evaluate_only): give "
                           "--dataset_test_path a folder of its test files")
     ntrain = len(dataset.train)
@@ -241,7 +254,10 @@ def merge_resumed_flags(parser, p, given, saved: dict, path: str):
         value = saved[dest]
         if value is None:
             continue
-        argv += [option_of(parser, dest), flag_text(value) if not isinstance(value, float) else repr(value)]
+        # typed as the command line would pass it: an empty value is an empty argument (flag_text's '""' is
+        # how it is shown, and parsed back it was the two-character text '""': --lr_schedulers "" failed)
+        typed = "" if value == "" else flag_text(value) if not isinstance(value, float) else repr(value)
+        argv += [option_of(parser, dest), typed]
     try:
         parsed = parser.parse_args(argv)
     except ConfigError as e:

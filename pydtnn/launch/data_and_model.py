@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import types
 
+import numpy as np
+
 from pydtnn.errors import ConfigError
 
 
@@ -40,6 +42,7 @@ def rank_data_and_model(p, kind, rank):
         dataset = load_dataset(p.dataset_name, train_path=p.dataset_train_path, test_path=p.dataset_test_path,
                                seed=p.seed, targets=p.targets, sequence_length=p.sequence_length,
                                **_augmentation(p))
+        _check_classes_fit(p, dataset, model.dtype.itemsize)
         build_model(p.model_name, model, nclasses=dataset.nclasses,
                     input_shape=None if os.path.isfile(p.model_name) else dataset.input_shape)
     _check_model_matches_data(p, model, dataset)
@@ -84,6 +87,19 @@ def _augmentation(p):
     return dict(validation_split=p.validation_split, test_as_validation=p.test_as_validation,
                 normalize=p.normalize, flip_images=p.flip_images, flip_images_prob=p.flip_images_prob,
                 crop_images=p.crop_images, crop_images_size=p.crop_images_size, crop_images_prob=p.crop_images_prob)
+
+
+def _check_classes_fit(p, dataset, itemsize):
+    """Labels that make more classes than a model could hold (a label of 2**40 is 2**40 + 1 classes) are
+    refused before a model for them is built: at least the output layer's weights and gradients and one
+    sample's one-hot targets, K values each (K per position for per-position labels)."""
+    from pydtnn.launch.limits import check_fits
+    if dataset.target_shape is not None and dataset.target_shape[-1:] != (dataset.nclasses,):
+        return                                        # float targets: no classes
+    per_position = int(np.prod(dataset.output_shape[:-1])) if len(dataset.output_shape) > 1 else 1
+    check_fits((2.0 + per_position) * float(dataset.nclasses) * itemsize,
+               f"dataset {p.dataset_name}: its largest label is {dataset.nclasses - 1}, so {dataset.nclasses} "
+               f"classes; a model for them", "class labels must be 0 .. K-1")
 
 
 def _check_model_matches_data(p, model, dataset):

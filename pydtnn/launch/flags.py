@@ -135,7 +135,8 @@ def _model_and_training_flags(g):
                         "code runs: name only files you would run)")
     g.add_argument("--batch_size", type=positive_int, default=64,
                    help="local batch per replica (upstream meaning); the global batch is batch_size x replicas "
-                        "unless --global_batch_size is given")
+                        "unless --global_batch_size is given; when neither is given and the default is more than "
+                        "the training samples, the largest power of two that fits (said at start)")
     g.add_argument("--global_batch_size", type=positive_int, default=None,
                    help="the real global batch B, split among replicas by --balance (sequential: the batch); at "
                         "most the training samples")

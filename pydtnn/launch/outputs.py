@@ -48,7 +48,7 @@ def check_outputs(p, comm, resumed=None):
             check_output_file(p.tracer_output, "--tracer_output")
         check_output_file(p.step_history_file, "--step_history_file")
         for flag in ("tensorboard_dir", "plots_dir"):
-            if getattr(p, flag):
+            if getattr(p, flag) is not None:       # an empty name is refused, not taken as "no output"
                 check_output_dir(getattr(p, flag), f"--{flag}", create=False)
         if p.tensorboard_dir:
             try:

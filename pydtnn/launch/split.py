@@ -14,22 +14,35 @@ def policy_and_split(config, local, comm):
     this rank's memory."""
     from pydtnn.parallel import policy_calls
     from pydtnn.parallel.comm import raise_together
+    from pydtnn.launch.config import learning_rate_in_force
+    batch_given = bool({"batch_size", "global_batch_size"} & set(config.given))
     split = raise_together(comm, lambda: initial_split(config.p, config.policy, local.model, local.dataset,
-                                                       comm.size, comm.rank, config.devices, config.weighting),
+                                                       comm.size, comm.rank, config.devices, config.weighting,
+                                                       batch_given),
                            "another rank could not split the global batch")
     if policy_calls.needs_agreement(config.policy, comm):
         policy_calls.agree(comm, config.policy, split.sizes, None, "for the initial split")
+    if split.batch_note:         # the same rate; its explanation names the batch in force
+        config.learning_rate, config.learning_rate_why = learning_rate_in_force(config.p, config.nreplicas)
     return split
 
 
-def initial_split(p, policy, model, dataset, nprocs, rank=0, devices=None, weighting=None):
+def initial_split(p, policy, model, dataset, nprocs, rank=0, devices=None, weighting=None, batch_given=True):
     """The global batch B, the memory caps and the policy's checked initial sizes (pydtnn.parallel.policies),
     which the policy keeps; refused when B does not suit the data or a local batch does not fit memory.
     The policy is told its rank, the devices and --balance_options first; `weighting` (a user's
-    --gradient_weighting) is called once on the split, so that a bad one fails before any work."""
+    --gradient_weighting) is called once on the split, so that a bad one fails before any work. Without
+    `batch_given`, a default --batch_size larger than the training set shrinks to fit it (said in the returned
+    ``batch_note``): a small dataset runs as written, a batch the user chose is refused."""
     from pydtnn.parallel import balance, policy_calls
     n = nprocs if p.parallel == "data" else 1
     B = p.global_batch_size or p.batch_size * n
+    note = None
+    if not batch_given and not p.global_batch_size and B > len(dataset.train) >= n:
+        default, p.batch_size = p.batch_size, 1 << ((len(dataset.train) // n).bit_length() - 1)
+        B = p.batch_size * n
+        note = (f"batch: --batch_size {p.batch_size}, as the default {default}"
+                f"{f' x {n} replicas' if n > 1 else ''} is more than the {len(dataset.train)} training samples")
     caps = balance.caps_for(p.max_local_batch, n)
     check_against_data(p, dataset, B)
     policy.bind(rank, n, devices if devices is not None and len(devices) == n else None, policy.options)
@@ -39,7 +52,7 @@ def initial_split(p, policy, model, dataset, nprocs, rank=0, devices=None, weigh
     if weighting is not None:
         weighting(sizes)
     _check_batch_fits(model, sizes, len(dataset.train), p)
-    return types.SimpleNamespace(global_batch=B, sizes=sizes, caps=caps)
+    return types.SimpleNamespace(global_batch=B, sizes=sizes, caps=caps, batch_note=note)
 
 
 def _check_batch_fits(model, sizes, ntrain, p):

@@ -42,6 +42,14 @@ class Layer:
     backward_adds = False
     # False for a layer whose input has no gradient (Embedding's integer ids): its backward returns None
     differentiable_input = True
+    # A layer with sublayers (a block, a Composite) runs them through `run_sublayer`; while a per-layer timer
+    # (pydtnn.observe.layer_timer) times this layer it sets itself here, and each sublayer gets its own event
+    sublayer_timer = None
+
+    def run_sublayer(self, layer, phase: str, fn, data, *args):
+        """``fn(data, *args)``: `layer`'s ``phase`` ("forward" or "backward"), timed when a timer is set."""
+        timer = self.sublayer_timer
+        return fn(data, *args) if timer is None else timer.run(layer, phase, fn, data, *args, parent=self)
 
     def __init__(self, activation=None, name=None):
         self.activation = activation        # shortcut: the model adds this activation layer right after

@@ -68,7 +68,7 @@ class _Block(Layer):
         for path in self.paths:
             y = x
             for layer in path:
-                y = layer.forward_internal(y, training)
+                y = self.run_sublayer(layer, "forward", layer.forward_internal, y, training)
             outs.append(y)
         return self.merge(outs)
 
@@ -77,10 +77,11 @@ class _Block(Layer):
         for path, dpath in reversed(list(zip(self.paths, self.split(dy)))):
             for i in range(len(path) - 1, -1, -1):
                 layer = path[i]
-                if i == 0 and dx is not None and _adds(layer):
-                    dpath, dx = layer.backward(dpath, addend=dx), None     # the paths' sum in its own pass
+                if i == 0 and dx is not None and _adds(layer):      # the paths' sum in its own pass
+                    dpath, dx = self.run_sublayer(layer, "backward", functools.partial(layer.backward, addend=dx),
+                                                  dpath), None
                 else:
-                    dpath = layer.backward_internal(dpath)
+                    dpath = self.run_sublayer(layer, "backward", layer.backward_internal, dpath)
             dx = dpath if dx is None else self.backend.add(dx, dpath)
         return dx
 

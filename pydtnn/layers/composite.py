@@ -87,13 +87,15 @@ class Composite(Layer):
     def forward_sublayer(self, layer: Layer, x, training=False):
         """`layer`'s forward on `x` (in this composite's layout)."""
         outside = self._nchw_outside(x)
-        y = layer.forward_internal(self.backend.to_internal(x) if outside else x, training)
+        y = self.run_sublayer(layer, "forward", layer.forward_internal, self.backend.to_internal(x) if outside else x,
+                              training)
         return self.backend.to_user(y) if outside and y is not None and y.ndim == 4 else y
 
     def backward_sublayer(self, layer: Layer, dy):
         """`layer`'s backward on `dy`: fills its gradients, returns its dL/dx (in this composite's layout)."""
         outside = self._nchw_outside(dy)
-        dx = layer.backward_internal(self.backend.to_internal(dy) if outside else dy)
+        dx = self.run_sublayer(layer, "backward", layer.backward_internal,
+                               self.backend.to_internal(dy) if outside else dy)
         return self.backend.to_user(dx) if outside and dx is not None and dx.ndim == 4 else dx
 
     def forward(self, x, training=False):

@@ -1,9 +1,14 @@
 """Embedding: integer ids (N, T) -> their rows of a learnable table, (N, T, embedding_dim), as
 `torch.nn.Embedding` (weights (num_embeddings, embedding_dim), initialised standard normal).
 
-The model's input must be ids: `Input(shape=(T,), dtype="int64")`. Ids have no gradient; the table's is
-a scatter-add of the incoming gradient rows (`backend.scatter_add_rows`).
+The model's input is ids: `Input(shape=(T,), dtype="int64")`, or, as Keras's Embedding takes them, integer-valued
+floats (an `Input(shape=(T,))` of the model's float type casts the ids to it): cast to int64 here, and a value
+that is not an integer (2.5, NaN) is one line. Float ids are exact only up to 2**24 (float32), so a larger
+table needs int64 ids. Ids have no gradient; the table's is a scatter-add of the incoming gradient rows
+(`backend.scatter_add_rows`).
 """
+import numpy as np
+
 from pydtnn.errors import ConfigError, DatasetError
 from pydtnn.layers.base import Layer, ParamAttr
 
@@ -29,7 +34,9 @@ class Embedding(Layer):
         return (in_shape[0], d)
 
     def forward(self, x, training=False):
-        if x.dtype.kind not in "iu":
+        if x.dtype.kind == "f":
+            x = self._float_ids(x)
+        elif x.dtype.kind not in "iu":
             raise self.shape_error(f"expects integer token ids, got {x.dtype} (declare "
                                    f"Input(shape=(T,), dtype='int64'))")
         lo, hi = int(x.min()), int(x.max())
@@ -38,6 +45,19 @@ class Embedding(Layer):
                                f"[0, {self.num_embeddings})")
         self.ids = x
         return self.xp.take(self.weights, x, axis=0)
+
+    def _float_ids(self, x):
+        """Integer-valued float ids as int64; one line for a value that is no integer, or a table whose ids
+        this float type cannot hold exactly."""
+        exact = 2 ** (np.finfo(x.dtype).nmant + 1)
+        if self.num_embeddings > exact:
+            raise self.shape_error(f"{x.dtype} ids are exact only up to {exact}, and the table has "
+                                   f"{self.num_embeddings} rows: declare Input(shape=(T,), dtype='int64')")
+        bad = self.xp.logical_not(self.xp.isfinite(x) & (x == self.xp.floor(x)))
+        if bool(bad.any()):
+            value = float(x[bad].reshape(-1)[0])
+            raise DatasetError(f"layer {self.name} (Embedding): token ids must be integers, got {value!r}")
+        return x.astype(self.xp.int64)
 
     def backward(self, dy):
         self.dw[...] = 0

@@ -6,7 +6,9 @@ GFLOP/s of convolutions and FC layers against the machine's peak (a GEMM measure
     profile.add_step(step_seconds)           # a step's wall time, waits included
     print(profile.table(measure_peak_flops(backend)))
 
-The first step of a run is left out by the caller (allocations, compiled kernels). FLOPs count a
+The first step of a run is left out by the caller (allocations, compiled kernels). The layers inside a block
+(or a Composite) get rows of their own, indented under the block's row (their parent), as in
+`Model.summary()`; the block's row includes them, and the total counts the top-level rows only. FLOPs count a
 multiply-add as 2: a Conv2D's forward is 2 * N * (output elements per sample) * (weights per filter), an
 FC's 2 * N * (outputs per sample) * in_features; a backward is twice its forward (input and weight
 gradients), once when the layer needs no input gradient (the first layer).
@@ -54,9 +56,16 @@ class LayerProfile:
         self.steps = 0
         self.step_s = 0.0
 
+    def enter(self, layer, parent=None) -> None:
+        """The row of ``layer`` (a sublayer of ``parent``: one level deeper), created in the order layers start."""
+        if layer.name not in self.rows:
+            depth = 0 if parent is None else self.rows.get(parent.name, {"depth": -1})["depth"] + 1
+            self.rows[layer.name] = {"type": layer.type_name, "forward": [0, 0.0, 0.0], "backward": [0, 0.0, 0.0],
+                                     "flops": False, "depth": depth}
+
     def add(self, layer, phase: str, seconds: float, batch: int) -> None:
-        row = self.rows.setdefault(layer.name, {"type": layer.type_name, "forward": [0, 0.0, 0.0],
-                                                "backward": [0, 0.0, 0.0], "flops": False})
+        self.enter(layer)
+        row = self.rows[layer.name]
         calls = row[phase]
         calls[0] += 1
         calls[1] += seconds
@@ -71,7 +80,8 @@ class LayerProfile:
 
     def table(self, peak_flops: float | None = None, title: str = "") -> str:
         step_ms = 1e3 * self.step_s / self.steps if self.steps else float("nan")
-        head = (f"{'layer':<18} {'type':<20} {'fwd ms':>8} {'bwd ms':>8} {'% step':>7} {'GFLOP/s':>8}"
+        width = max([18] + [len(name) + 2 * row["depth"] for name, row in self.rows.items()])
+        head = (f"{'layer':<{width}} {'type':<20} {'fwd ms':>8} {'bwd ms':>8} {'% step':>7} {'GFLOP/s':>8}"
                 + (f" {'% peak':>7}" if peak_flops else ""))
         lines = [title] if title else []
         lines += [head, "-" * len(head)]
@@ -79,8 +89,9 @@ class LayerProfile:
         for name, row in self.rows.items():
             (nf, tf, ff), (nb, tb, fb) = row["forward"], row["backward"]
             fwd, bwd = (1e3 * tf / nf if nf else 0.0), (1e3 * tb / nb if nb else 0.0)
-            total += fwd + bwd
-            line = f"{name:<18} {row['type']:<20} {fwd:>8.3f} {bwd:>8.3f} {100 * (fwd + bwd) / step_ms:>7.1f}"
+            total += fwd + bwd if row["depth"] == 0 else 0.0          # a sublayer's time is in its block's
+            label = "  " * row["depth"] + name
+            line = f"{label:<{width}} {row['type']:<20} {fwd:>8.3f} {bwd:>8.3f} {100 * (fwd + bwd) / step_ms:>7.1f}"
             if row["flops"] and tf + tb > 0:
                 rate = (ff + fb) / (tf + tb)
                 line += f" {rate / 1e9:>8.2f}" + (f" {100 * rate / peak_flops:>7.1f}" if peak_flops else "")

@@ -6,8 +6,9 @@ only rank 0 writes.
 Per step (global step s, 1-based): loss and metrics of the global batch, learning_rate, samples_per_s
 (the global batch over the step's wall time), and for each replica r: rank{r}_b, rank{r}_compute_s and
 rank{r}_wait_s (its time blocked in the step's collectives before the step's statistics reduction, whose
-own wait the per-epoch table adds). TensorBoard tags: step/<name> and replica<r>/{b,compute_s,wait_s}
-per step, epoch/<name> per epoch (the history's numeric columns).
+own wait the per-epoch table adds). TensorBoard tags are one naming, the columns' own: step/<column> per
+step (the --step_history_file's: step/loss, step/rank0_b, ...) and epoch/<column> per epoch (the
+--history_file's: epoch/loss, epoch/rank0_b, ...).
 
 A write that fails never raises into the loop and never blocks it: that output stops, the others go on, and
 `output_failure` holds the first failure, which the loop agrees on with the other ranks and answers with its
@@ -20,7 +21,6 @@ import contextlib
 import csv
 import io
 import os
-import re
 
 from pydtnn.callbacks import Callback
 from pydtnn.errors import OutputError
@@ -30,7 +30,6 @@ from pydtnn.outputs import atomic_write
 __all__ = ["StepMetrics", "PLOT_NAME"]
 
 PLOT_NAME = "replicas.png"
-_REPLICA = re.compile(r"rank(\d+)_(b|compute_s|wait_s)$")
 
 
 class StepMetrics(Callback):
@@ -73,9 +72,7 @@ class StepMetrics(Callback):
         if self.writer is not None:
             def scalars():
                 for name, value in logs.items():
-                    m = _REPLICA.match(name)
-                    tag = f"replica{m.group(1)}/{m.group(2)}" if m else f"step/{name}"
-                    self.writer.scalar(tag, value, step + 1)
+                    self.writer.scalar(f"step/{name}", value, step + 1)
             self._guarded("tensorboard", scalars)
 
     def on_epoch_end(self, trainer, epoch, logs):

@@ -29,7 +29,7 @@ def call(policy, method: str, *args):
     except PyDTNNError:
         raise
     except Exception as e:                          # noqa: BLE001  (a user's code: one line and its frames)
-        raise ConfigError(plugins.failure(f"balance policy {policy.name}: {method} failed", e)) from None
+        raise plugins.user_error(f"balance policy {policy.name}: {method} failed", e) from None
 
 
 def needs_agreement(policy, comm) -> bool:

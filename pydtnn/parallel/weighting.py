@@ -64,7 +64,7 @@ def make_weighting(spec="proportional"):
         except ConfigError:
             raise
         except Exception as e:                 # noqa: BLE001  (a user's function: one line and its frames)
-            raise ConfigError(plugins.failure(f"gradient weighting {name} failed on sizes {list(sizes)}", e)) from None
+            raise plugins.user_error(f"gradient weighting {name} failed on sizes {list(sizes)}", e) from None
         w = _numbers(out)
         if w is None or len(w) != len(sizes):
             shown = repr(out) if len(repr(out)) <= 80 else repr(out)[:77] + "..."

@@ -26,7 +26,7 @@ def build_parser():
     c = sub.add_parser("calibrate", help="measure (or derive) a profile and write it as JSON")
     c.add_argument("--model", dest="model_name", required=True)
     c.add_argument("--dataset", dest="dataset_name", default=None, help="only fixes the input shape")
-    c.add_argument("--out", required=True, help="profile JSON to write")
+    c.add_argument("--out", required=True, help="profile JSON to write (checked before any measurement)")
     c.add_argument("--dtype", default="float32")
     c.add_argument("--batch_points", type=positive_int_list, default=[1, 8, 32, 128],
                    help="local batch sizes at which each layer is timed")
@@ -57,7 +57,11 @@ def build_parser():
     r.add_argument("--samples", type=positive_int, default=None, help="training samples per epoch")
     r.add_argument("--global_batch_size", type=positive_int, required=True)
     r.add_argument("--replicas", type=positive_int, required=True)
-    r.add_argument("--nodes", type=positive_int, default=1)
+    r.add_argument("--nodes", type=positive_int, default=None,
+                   help="nodes the replicas share (default: as many ranks per node as the profiled node holds "
+                        "replicas, its cores / threads per replica; one per node when the profile does not say)")
+    r.add_argument("--ranks_per_node", type=positive_int, default=None,
+                   help="ranks on each node: --replicas / K nodes; a --sweep keeps K and grows the nodes")
     r.add_argument("--balance", default="none",
                    help="none | equal | static | probe | dynamic, or a user's FILE.py:CLASS / module:CLASS "
                         "(a pydtnn.parallel.balance.BalancePolicy), as the launcher's")
@@ -80,9 +84,11 @@ def build_parser():
     r.add_argument("--steps", type=positive_int, default=100)
     r.add_argument("--steps_per_epoch", type=int, default=0)
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--sweep", default="none", help="P1,P2,... or 'auto' (powers of two up to --replicas): "
-                                                   "a table of time against P for equal, static, dynamic")
-    r.add_argument("--plot", default=None, help="PNG of the sweep")
+    r.add_argument("--sweep", default="none",
+                   help="P1,P2,... or 'auto' (powers of two up to --replicas, times the ranks per node when "
+                        "given): a table of time against P for equal, static, dynamic; each P keeps the ranks "
+                        "per node and the --speed_factors / --profile mix of the --replicas cluster")
+    r.add_argument("--plot", default=None, help="PNG of the sweep (needs --sweep; checked before any work)")
     r.add_argument("--json", action="store_true", help="print one JSON document instead of the text")
     _roofline_flags(r)
     return p
@@ -104,7 +110,9 @@ def _roofline_kw(a):
 
 
 def _calibrate(a):
+    from pydtnn.outputs import check_output_file
     from pydtnn.sim import calibrate, roofline, trace_profile
+    check_output_file(a.out, "--out")          # before the measurement, not after it
     if a.trace:
         prof = trace_profile.trace_profile(a.trace, a.model_name, a.trace_sizes, a.trace_rank, a.dtype)
     elif a.roofline:
@@ -184,11 +192,12 @@ def _cost_model(a):
                       f"(run with --balance fpm or dynamic)")
 
 
-def _sweep_sizes(a):
+def _sweep_sizes(a, step=1):
+    """The sweep's replica counts; 'auto': ``step`` (the ranks per node, when fixed) times powers of two."""
     if a.sweep == "none":
         return []
     if a.sweep == "auto":
-        out, p = [], 1
+        out, p = [], step
         while p < a.replicas:
             out.append(p)
             p *= 2
@@ -200,56 +209,83 @@ def _sweep_sizes(a):
 
 
 def _run(a):
+    from pydtnn.outputs import check_output_file
     from pydtnn.sim import report
     from pydtnn.sim.budget import check_memory, progress_for
     from pydtnn.sim.engine import best_partition, simulate
+    from pydtnn.sim.layout import mix, node_layout, sweep_layouts
     P = a.replicas
     if a.steps_per_epoch < 0:
         raise ConfigError("--steps_per_epoch must be >= 0")
     if a.replica_speeds and len(a.replica_speeds) != P:
         raise ConfigError(f"--replica_speeds has {len(a.replica_speeds)} values for {P} replicas")
-    if a.nodes > P or P % a.nodes:
-        raise ConfigError(f"--replicas {P} must be a multiple of --nodes {a.nodes}")
-    if a.network_alg == "hierarchical" and a.nodes == 1:
-        raise ConfigError("--network_alg hierarchical needs --nodes > 1")
-    check_memory(max([P, *_sweep_sizes(a)]))         # before anything of that size is allocated
+    if a.plot is not None:               # before any work: the plot comes last
+        if a.sweep == "none":
+            raise ConfigError("--plot draws the sweep: give --sweep auto or --sweep P1,P2,...")
+        check_output_file(a.plot, "--plot")
+    check_memory(P)                        # before anything of that size is allocated (the sweep's: below)
     profiles = _profiles(a, P)
+    slots = profiles[0].replica_slots
+    layout = node_layout(P, a.nodes, a.ranks_per_node, slots)
+    a.nodes = layout.nodes               # what the scenarios model
+    if a.network_alg == "hierarchical" and layout.nodes == 1:
+        raise ConfigError(f"--network_alg hierarchical needs more than one node ({layout.describe(slots)})")
+    given = a.ranks_per_node is not None
+    sizes = _sweep_sizes(a, layout.ranks_per_node if (given or a.nodes_given) else 1)
+    check_memory(max([P, *sizes]))
+    layouts = sweep_layouts(sizes, layout, a.nodes_given, given, a.global_batch_size, slots)
     policy = {"none": "equal"}.get(a.balance, a.balance)
     sc = _scenario(a, P, policy, profiles, a.speed_factors)
     result = simulate(sc, progress_for(P, a.steps, f"simulating {P} replicas"))
     best = best_partition(_scenario(a, P, "equal", profiles, a.speed_factors))
     sweep = None
-    sizes = _sweep_sizes(a)
     if sizes:
         sweep = {}
         for pol in dict.fromkeys(SWEEP_POLICIES + (policy,)):
             rows = []
-            for p in sizes:
-                if p > a.global_batch_size or (a.nodes > 1 and p % a.nodes):
-                    continue
-                factors = None if a.speed_factors is None else [a.speed_factors[i % P] for i in range(p)]
-                speeds = None if a.replica_speeds is None else [a.replica_speeds[i % P] for i in range(p)]
-                s = _scenario(a, p, pol, [profiles[i % P] for i in range(p)], factors)
-                s.replica_speeds = speeds
+            for at in layouts:
+                p = at.replicas
+                a.nodes = at.nodes
+                s = _scenario(a, p, pol, mix(profiles, p), mix(a.speed_factors, p))
+                s.replica_speeds = mix(a.replica_speeds, p)
                 res = simulate(s, progress_for(p, a.steps, f"sweep: {pol}, {p} replicas"))
-                rows.append((p, res.step_seconds, res.epoch_seconds, report.scaling_efficiency(res)))
+                rows.append((p, res.step_seconds, res.epoch_seconds, report.scaling_efficiency(res), at.nodes))
             sweep[pol] = rows
+        a.nodes = layout.nodes
         if a.plot:
             report.plot_sweep(sweep, a.plot, f"{a.model_name or profiles[0].model}, B={a.global_batch_size}")
+    modelled = {"layout": layout.describe(slots), "nodes": layout.nodes, "ranks_per_node": layout.ranks_per_node}
+    if sweep:
+        modelled["sweep_layout"] = _sweep_words(a, layouts)
     if a.json:
-        print(json.dumps(report.to_json(result, best, sweep)))
+        print(json.dumps(dict(report.to_json(result, best, sweep), **modelled)))
         return
+    print(f"modelled: {modelled['layout']}")
     print(report.summary_text(result, best))
     if sweep:
         print()
+        print(f"sweep: {modelled['sweep_layout']}")
         print(report.sweep_table(sweep))
         if a.plot:
             print(f"plot written to {a.plot}")
 
 
+def _sweep_words(a, layouts) -> str:
+    """What each point of the sweep models, in one sentence."""
+    k = {at.ranks_per_node for at in layouts}
+    nodes = (f"{k.pop()} rank(s) per node, the nodes growing with P" if len(k) == 1 else
+             "each P on nodes of the default ranks per node (the nodes column)")
+    kept = [f for f, v in (("--speed_factors", a.speed_factors), ("--replica_speeds", a.replica_speeds),
+                           ("--profile", a.profile and "," in a.profile)) if v]
+    mixed = (f"; replica i of P takes {' and '.join(kept)} of replica floor(i x {a.replicas} / P), the cluster's "
+             f"mix at every size" if kept else "")
+    return nodes + mixed
+
+
 def main(argv=None) -> int:
     try:
         a = build_parser().parse_args(argv)
+        a.nodes_given = getattr(a, "nodes", None) is not None
         (_calibrate if a.command == "calibrate" else _run)(a)
         sys.stdout.flush()                  # inside the try: a closed pipe fails here, not at exit
     except PyDTNNError as e:

@@ -22,12 +22,13 @@ class LayerInfo:
 
 
 def build(model_name: str, dtype: str = "float32", input_shape=None, nclasses=None):
-    """The model as the launcher builds it (CPU backend, synthetic data's default input shape)."""
+    """The model as the launcher builds it (CPU backend, synthetic data's default input shape; a model file,
+    `--model FILE.py` as the launcher's, its own)."""
     from pydtnn.backends import get_backend
     from pydtnn.model import Model
-    from pydtnn.models import build_model, default_input_shape
+    from pydtnn.models import build_model, default_input_shape, is_model_file
     model = Model(backend=get_backend("cpu", dtype, 0), seed=0)
-    shape = input_shape if input_shape is not None else default_input_shape(model_name)
+    shape = input_shape if input_shape is not None or is_model_file(model_name) else default_input_shape(model_name)
     build_model(model_name, model, nclasses=nclasses, input_shape=shape)
     model.forward(np.zeros((1,) + tuple(model.input_shape), model.dtype), training=False)   # packs the buffers
     return model

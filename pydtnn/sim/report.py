@@ -41,11 +41,11 @@ def summary_text(result, best=None, max_rows=16) -> str:
 
 
 def sweep_table(sweep) -> str:
-    """``sweep``: {policy: [(P, step_s, epoch_s, efficiency), ...]}."""
-    lines = [f"{'policy':>8} {'P':>6} {'step ms':>10} {'epoch s':>10} {'efficiency %':>13}"]
+    """``sweep``: {policy: [(P, step_s, epoch_s, efficiency, nodes), ...]}."""
+    lines = [f"{'policy':>8} {'P':>6} {'nodes':>6} {'step ms':>10} {'epoch s':>10} {'efficiency %':>13}"]
     for policy, rows in sweep.items():
-        for P, step, epoch, eff in rows:
-            lines.append(f"{policy:>8} {P:>6} {step * 1e3:>10.3f} {epoch:>10.3f} {100 * eff:>13.1f}")
+        for P, step, epoch, eff, nodes in rows:
+            lines.append(f"{policy:>8} {P:>6} {nodes:>6} {step * 1e3:>10.3f} {epoch:>10.3f} {100 * eff:>13.1f}")
     return "\n".join(lines)
 
 
@@ -63,8 +63,11 @@ def plot_sweep(sweep, path, title="") -> None:
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from pydtnn.outputs import atomic_write
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))     # an OutputError: one line
+    finally:
+        plt.close(fig)
 
 
 def to_json(result, best=None, sweep=None) -> dict:
@@ -80,6 +83,6 @@ def to_json(result, best=None, sweep=None) -> dict:
     if best is not None:
         doc["best_partition"] = {"sizes": best[0], "step_seconds": best[1]}
     if sweep is not None:
-        doc["sweep"] = {p: [{"replicas": P, "step_seconds": s, "epoch_seconds": e, "scaling_efficiency": f}
-                            for P, s, e, f in rows] for p, rows in sweep.items()}
+        doc["sweep"] = {p: [{"replicas": P, "nodes": n, "step_seconds": s, "epoch_seconds": e, "scaling_efficiency": f}
+                            for P, s, e, f, n in rows] for p, rows in sweep.items()}
     return doc

@@ -38,7 +38,9 @@ def _layer_compute(events, rank):
     """Rank ``rank``'s per-step compute (its forward and backward events on the main track, less the
     bn_sync waits nested in them) as {step: [start s, compute s]}, and each layer's durations in seconds
     by (name, cat)."""
-    mine = [e for e in events if int(e.get("pid", 0)) == rank and int(e.get("tid", 0)) == 0]
+    # a layer inside a block (args.parent) is counted in its block's event already
+    mine = [e for e in events if int(e.get("pid", 0)) == rank and int(e.get("tid", 0)) == 0
+            and "parent" not in (e.get("args") or {})]
     waits = [e for e in mine if e.get("cat") == "bn_sync"]
     steps, layers = {}, defaultdict(list)
     for e in mine:

@@ -38,6 +38,7 @@ from pydtnn.training.preemption import Preempted, StepCheckpoints
 from pydtnn.training.probe import LockStepProbe
 from pydtnn.training.step import TrainerStep
 from pydtnn.training.step_insight import StepInsight
+from pydtnn.training.tokens import add_language_model_logs, epoch_line_suffix, tokens_per_sample
 
 __all__ = ["Trainer", "Preempted"]
 
@@ -115,6 +116,8 @@ class Trainer:
         self.insight = StepInsight(model, self.timeline, bool(self.tracer_output), out.profile_layers,
                                    waited=lambda: self.timer.step_wait_s)
         self.layer_profile = self.insight.layer_profile      # --profile_layers: the per-layer time table
+        self.tokens_per_sample = tokens_per_sample(dataset, self.loss)   # a language model's: tokens/s, perplexity
+        self.run_first_step = None        # (seconds, samples) of this run's first step: it compiles, left out of rates
 
     # the split in force and the clipping count live in the engine (self.dp); the checkpoint cadence and the
     # stop the ranks agreed on in self.checkpoints
@@ -261,7 +264,10 @@ class Trainer:
             self.step_runner.emulator.step = global_step            # --emulate_schedule's clock
             t_step = time.perf_counter()
             record = self.train_step(idx, epoch, sizes, nxt)
-            timing = self.insight.end_step(sizes, record, time.perf_counter() - t_step)
+            step_s = time.perf_counter() - t_step
+            if self.run_first_step is None:
+                self.run_first_step = (step_s, sum(sizes))
+            timing = self.insight.end_step(sizes, record, step_s)
             if not math.isfinite(record.loss):
                 raise NumericalError(f"the loss became {record.loss} at epoch {epoch + 1}, step {step + 1}: "
                                      f"training diverged (try a lower --learning_rate)")
@@ -289,6 +295,8 @@ class Trainer:
         val = self.dataset.val
         if val is not None and len(val):
             logs.update({f"val_{k}": v for k, v in self.evaluate(val).items()})
+        if self.tokens_per_sample:
+            add_language_model_logs(logs, self.tokens_per_sample)
         summary = epoch_summary(self.comm, self.stats)
         for r in summary.rows:
             r["b_i"] = self.sizes[r["rank"]]      # the split in force, not a short last step's
@@ -298,8 +306,10 @@ class Trainer:
             logs[f"rank{r['rank']}_wait_s"] = r["wait_s"]
         if self.rank == 0:
             self.log(f"epoch {epoch + 1}: " + ", ".join(f"{k}={v:.4f}" for k, v in logs.items()
-                                                       if k in ("loss", "val_loss") or k.startswith(("val_", *self.metric_names))
-                                                       or k in self.metric_names) + f", {elapsed:.2f} s")
+                                                       if k in ("loss", "val_loss", "perplexity")
+                                                       or k.startswith(("val_", *self.metric_names))
+                                                       or k in self.metric_names) + f", {elapsed:.2f} s"
+                     + epoch_line_suffix(logs))
             if self.nreplicas > 1:
                 self.log(summary.format())
         return logs
@@ -352,10 +362,17 @@ class Trainer:
         return self.checkpoints.rescue(self.save_checkpoint, epoch, step, partial, num_epochs, self.steps_per_epoch)
 
     def report(self):
-        """The final report's lines: time, time per epoch, throughput, peak memory."""
+        """The final report's lines: time, time per epoch, throughput (the run's first step, which compiles,
+        left out), peak memory."""
         samples = sum(h["samples_per_s"] * h["time_s"] for h in self.history[-self.epochs_run:]) if self.epochs_run else 0
+        first_s, first_samples = self.run_first_step or (0.0, 0)
+        if samples > first_samples and self.elapsed > first_s:
+            rate, why = (samples - first_samples) / (self.elapsed - first_s), "the first step, which compiles, left out"
+        else:
+            rate, why = samples / max(self.elapsed, 1e-9), "one step: its compilation included"
+        tokens = f" = {rate * self.tokens_per_sample:,.0f} tokens/s" if self.tokens_per_sample else ""
         peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return [f"training time: {self.elapsed:.2f} s over {self.epochs_run} epoch(s)",
                 f"time per epoch: {self.elapsed / max(self.epochs_run, 1):.2f} s",
-                f"throughput: {samples / max(self.elapsed, 1e-9):.1f} samples/s (all replicas)",
+                f"throughput: {rate:.1f} samples/s{tokens} (all replicas; {why})",
                 f"peak host memory (rank 0): {peak_mib:.0f} MiB"]

@@ -51,21 +51,25 @@ class HistoryWriter(Callback):
 
 
 class ProgressBar(Callback):
-    """One bar per epoch on stderr (`pydtnn.training.progress`): the epoch's running loss, metrics and samples/s.
+    """One bar per epoch on stderr (`pydtnn.training.progress`): the epoch's running loss, metrics, samples/s
+    and time left.
 
-    It closes after the epoch's last step (before the epoch's line on stdout), and without counting the
-    step when the ranks agreed to stop inside the epoch (the preemption checkpoint follows); `close` ends
-    it on any other way out of the loop.
+    The rate and the time left are measured from the end of the epoch's first step: the run's first step
+    compiles the CPU kernels (numba) and allocates, and counted in, it made a 22 s epoch "2647 s left".
+    Until a second step ends the line says so instead. It closes after the epoch's last step (before the
+    epoch's line on stdout), and without counting the step when the ranks agreed to stop inside the epoch
+    (the preemption checkpoint follows); `close` ends it on any other way out of the loop.
     """
 
     def __init__(self, metric_names):
         self.metric_names = list(metric_names)
         self.bar = None
+        self.steps_run = 0                 # by this run: its first step is the one that compiles
 
     def on_epoch_begin(self, trainer, epoch):
-        self.t0 = time.perf_counter()
+        self.warm = None                   # (time, samples, steps) at the end of the epoch's first step
         self.bar = progress(total=trainer.steps_per_epoch, desc=f"epoch {epoch + 1}/{trainer.num_epochs}",
-                            unit="step", leave=True, initial=trainer.first_step)
+                            unit="step", leave=True, initial=trainer.first_step, estimate=False)
 
     def on_batch_end(self, trainer, step, logs):
         last = (step + 1) % trainer.steps_per_epoch == 0
@@ -73,9 +77,18 @@ class ProgressBar(Callback):
             self.close()
             return
         sums, samples = trainer.epoch_sums, trainer.epoch_samples
-        self.bar.set_postfix_str(f"loss={sums[0] / samples:.4f} "
-                                 + " ".join(f"{_short(m)}={v / samples:.4f}" for m, v in zip(self.metric_names, sums[1:]))
-                                 + f" {samples / (time.perf_counter() - self.t0):.0f} samples/s", refresh=False)
+        now, done = time.perf_counter(), self.bar.n + 1
+        self.steps_run += 1
+        if self.warm is None:
+            self.warm = (now, samples, done)
+            pace = "(the first step compiles the kernels: no estimate yet)" if self.steps_run == 1 else ""
+        else:
+            t, s, n = self.warm
+            left = (now - t) / (done - n) * (trainer.steps_per_epoch - done)
+            pace = f"{(samples - s) / (now - t):.0f} samples/s, {left:.0f} s left"
+        parts = [f"loss={sums[0] / samples:.4f}", *(f"{_short(m)}={v / samples:.4f}"
+                                                    for m, v in zip(self.metric_names, sums[1:])), pace]
+        self.bar.set_postfix_str(" ".join(p for p in parts if p), refresh=False)
         self.bar.update(1)
         if last:
             self.close()

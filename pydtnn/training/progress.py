@@ -32,8 +32,10 @@ class PlainProgress:
     """The subset of tqdm's interface the project uses, written as occasional whole lines."""
 
     def __init__(self, total=None, desc="", unit="it", initial=0, stream=None, interval=None,
-                 unit_scale=False, **_ignored):
+                 unit_scale=False, estimate=True, **_ignored):
+        """``estimate=False``: no "s left" of its own (the caller's postfix says it, measured its way)."""
         self.total, self.desc, self.unit, self.n = total, desc, unit, initial
+        self.estimate = estimate
         self.stream = stream or sys.stderr
         self.interval = plain_interval() if interval is None else interval
         self.unit_scale = unit_scale
@@ -60,7 +62,7 @@ class PlainProgress:
             done += f" ({100 * self.n / self.total:.0f}%)"
         text = f"{self.desc}: {done}" + (f", {self.postfix}" if self.postfix else "")
         elapsed = time.monotonic() - self.start
-        if self.total and 0 < self.n < self.total and elapsed > 0:
+        if self.estimate and self.total and 0 < self.n < self.total and elapsed > 0:
             text += f", {elapsed * (self.total - self.n) / self.n:.0f} s left"
         return text
 
@@ -81,12 +83,19 @@ class PlainProgress:
         self.close()
 
 
-def progress(total=None, desc="", unit="it", *, enabled=True, stream=None, **tqdm_kwargs):
-    """A tqdm bar on a terminal, a `PlainProgress` elsewhere, or None when not ``enabled``."""
+# tqdm's bar without its own rate and time left: a caller that passes estimate=False says them in its postfix
+_OWN_ESTIMATE_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+
+
+def progress(total=None, desc="", unit="it", *, enabled=True, stream=None, estimate=True, **tqdm_kwargs):
+    """A tqdm bar on a terminal, a `PlainProgress` elsewhere, or None when not ``enabled``. ``estimate=False``:
+    neither shows a rate or a time left of its own (the caller's postfix does)."""
     if not enabled:
         return None
     stream = stream or sys.stderr
     if _is_terminal(stream):
         from tqdm import tqdm
+        if not estimate:
+            tqdm_kwargs.setdefault("bar_format", _OWN_ESTIMATE_FORMAT)
         return tqdm(total=total, desc=desc, unit=unit, file=stream, dynamic_ncols=True, **tqdm_kwargs)
-    return PlainProgress(total=total, desc=desc, unit=unit, stream=stream, **tqdm_kwargs)
+    return PlainProgress(total=total, desc=desc, unit=unit, stream=stream, estimate=estimate, **tqdm_kwargs)

@@ -149,28 +149,65 @@ def _restore_rng(t, states, path, seed):
             continue
         try:
             _check_rng_state(state)
-        except (TypeError, ValueError, KeyError, AttributeError):
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
             raise CheckpointError(f"checkpoint {path}: metadata field 'rng_states[{r}]' is not a valid "
-                                  f"random generator state") from None
-    if t.rank < len(states) and states[t.rank] is not None:
-        rng.bit_generator.state = states[t.rank]
-    if len(states) != t.nreplicas or seed != t.seed:
+                                  f"random generator state ({e})") from None
+    mine = states[t.rank] if t.rank < len(states) else None
+    same_kind = mine is not None and mine.get("bit_generator") == rng.bit_generator.state.get("bit_generator")
+    if same_kind:
+        rng.bit_generator.state = mine
+    if len(states) != t.nreplicas or seed != t.seed or (mine is not None and not same_kind):
+        # (a replica on another device kind than in the checkpoint's run has another generator: a fresh stream)
         # another replica count (or seed): dropout streams cannot continue one to one; a fresh stream per rank
         # that depends on where training resumes (never a replay of epoch 1's masks)
         t.model.backend.seed(t.seed * 1000003 + t.rank + 7919 * (1 + t.start_epoch * 100003 + t.start_step))
 
 
+# The integer fields of NumPy's generator states and their bounds (exclusive): NumPy converts them to C integers
+# when a state is set, and an out-of-range value there is an OverflowError, or (MT19937's pos) a crash later.
+_U32, _U64, _U128 = 1 << 32, 1 << 64, 1 << 128
+_STATE_BOUNDS = {"has_uint32": 2, "uinteger": _U32, "buffer": _U64, "buffer_pos": 5}
+_KIND_BOUNDS = {"PCG64": {"state": _U128, "inc": _U128}, "PCG64DXSM": {"state": _U128, "inc": _U128},
+                "MT19937": {"key": _U32, "pos": 625}, "Philox": {"counter": _U64, "key": _U64},
+                "SFC64": {"state": _U64}}
+
+
 def _check_rng_state(state):
     """A saved generator state of any replica's kind (a mixed job has NumPy and GPU generators): every rank
-    checks every state the same way, so all ranks accept or refuse a checkpoint together."""
+    checks every state the same way, so all ranks accept or refuse a checkpoint together. A NumPy state must
+    have exactly the fields of a fresh generator of its kind, each integer within its C type."""
     from pydtnn.backends.gpu import rng as _gpu_random
     kind = state.get("bit_generator") if isinstance(state, dict) else None
     if kind == _gpu_random.KIND:
         _gpu_random.check_state(state)
-    elif kind in ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64"):
-        getattr(np.random, kind)().state = state
-    else:
+        return
+    if kind not in _KIND_BOUNDS:
         raise ValueError(f"unknown generator kind {kind!r}")
+    template = json.loads(json.dumps(getattr(np.random, kind)().state, default=_jsonable))
+    _same_shape(state, template, {**_STATE_BOUNDS, **_KIND_BOUNDS[kind]}, None, kind)
+    try:
+        getattr(np.random, kind)().state = state
+    except Exception as e:                          # noqa: BLE001  (whatever NumPy refuses)
+        raise ValueError(f"{kind} state refused: {e}") from None
+
+
+def _same_shape(value, template, bounds, field, where):
+    """`value` has `template`'s keys, list lengths and types, every integer in [0, its field's bound)."""
+    if isinstance(template, dict):
+        if not isinstance(value, dict) or set(value) != set(template):
+            raise ValueError(f"{where}: expected the fields {sorted(template)}")
+        for key in template:
+            _same_shape(value[key], template[key], bounds, key, f"{where}.{key}")
+    elif isinstance(template, list):
+        if not isinstance(value, list) or len(value) != len(template):
+            raise ValueError(f"{where}: expected a list of {len(template)}")
+        for v, t in zip(value, template):
+            _same_shape(v, t, bounds, field, where)
+    elif isinstance(template, bool) or not isinstance(template, int):
+        if value != template:
+            raise ValueError(f"{where}: expected {template!r}")
+    elif not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < bounds.get(field, _U64)):
+        raise ValueError(f"{where}: {value!r} is not an integer in [0, {bounds.get(field, _U64)})")
 
 
 def _jsonable(value):

@@ -6,6 +6,7 @@ import pytest
 
 from pydtnn.datasets import ArraySplit, Dataset, from_arrays, load_dataset
 from pydtnn.errors import ConfigError, DatasetError
+from pydtnn.plugins import USER_FRAMES
 
 from mpi_helpers import REPO_ROOT, describe, output_of_our_processes, run_mpi  # noqa: E402
 
@@ -104,7 +105,13 @@ BAD_FILES = {
     "1-D float targets": ("import numpy as np\ndef create_dataset(seed):\n"
                           "    return np.zeros((3, 2)), np.zeros(3)\n", "(N, 1)"),
     "not python": ("def create_dataset(seed) return\n", "failed to load (line 1)"),
+    "raises at import": ("import numpy as np\nrows = 1 // 0\n", "failed to load: ZeroDivisionError"),
+    "raises inside": ("def create_dataset(seed):\n    return read(seed)\n\n\ndef read(seed):\n"
+                      "    raise ValueError('row 7 of my.csv has 3 fields')\n",
+                      "create_dataset failed: ValueError: row 7 of my.csv has 3 fields"),
 }
+# the line where each raising file failed: the last of the user's frames shown under the error's line
+RAISED_AT = {"not python": 1, "raises at import": 2, "raises inside": 6}
 
 
 @pytest.mark.parametrize("case", sorted(BAD_FILES))
@@ -113,8 +120,13 @@ def test_a_bad_dataset_file_is_one_line_naming_the_file(tmp_path, case):
     path = _write(tmp_path, body)
     with pytest.raises((ConfigError, DatasetError)) as err:
         load_dataset(str(path))
-    message = str(err.value)
-    assert "\n" not in message and str(path) in message and needle in message, message
+    first, *frames = str(err.value).splitlines()
+    assert str(path) in first and needle in first, str(err.value)
+    if case in RAISED_AT:         # the user's own frames follow, the last one at the line that raised
+        assert 2 <= len(frames) <= 2 * USER_FRAMES, frames
+        assert frames[-2].startswith(f'  File "{path}", line {RAISED_AT[case]}, in '), frames
+    else:
+        assert frames == [], frames
 
 
 FEATURES = """

@@ -132,6 +132,7 @@ def test_regression_losses_are_means_over_all_elements(name):
         assert grad[idx] == pytest.approx(numeric, rel=1e-6)
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize("name,torch_name", [("mean_squared_error", "MSELoss"), ("mean_absolute_error", "L1Loss")])
 def test_regression_losses_match_torch(name, torch_name):
     torch = pytest.importorskip("torch", reason="PyTorch oracle: pip install torch==2.13.0")
@@ -145,6 +146,7 @@ def test_regression_losses_match_torch(name, torch_name):
     np.testing.assert_allclose(grad, tp.grad.numpy(), rtol=1e-14)
 
 
+@pytest.mark.oracle
 def test_cce_per_token_matches_torch():
     torch = pytest.importorskip("torch", reason="PyTorch oracle: pip install torch==2.13.0")
     rng = np.random.default_rng(3)

@@ -305,28 +305,33 @@ def oracle(layer, x, module, mapping, ids=False, rtol=1e-12, atol=1e-12):
                                    err_msg=ours)
 
 
+@pytest.mark.oracle
 def test_torch_layernorm():
     torch = torch_or_skip()
     oracle(LayerNorm(), randn(2, 5, 6), torch.nn.LayerNorm(6), {"gamma": "weight", "beta": "bias"})
     oracle(LayerNorm(), randn(2, 3, 4, 5), torch.nn.GroupNorm(1, 3), {"gamma": "weight", "beta": "bias"})
 
 
+@pytest.mark.oracle
 def test_torch_groupnorm():
     torch = torch_or_skip()
     oracle(GroupNorm(2), randn(2, 6, 3, 4), torch.nn.GroupNorm(2, 6), {"gamma": "weight", "beta": "bias"})
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_torch_gelu(approximate):
     torch = torch_or_skip()
     oracle(GELU(approximate), randn(3, 4, 5) * 4, torch.nn.GELU(approximate=approximate), {})
 
 
+@pytest.mark.oracle
 def test_torch_silu():
     torch = torch_or_skip()
     oracle(SiLU(), randn(3, 4, 5) * 4, torch.nn.SiLU(), {})
 
 
+@pytest.mark.oracle
 def test_torch_embedding():
     torch = torch_or_skip()
     ids = np.random.default_rng(0).integers(0, 9, (3, 6))
@@ -347,6 +352,7 @@ class TorchSelfAttention:
         return SelfAttention(d, heads, batch_first=True)
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize("causal", [False, True])
 def test_torch_attention(causal):
     torch_or_skip()
@@ -357,6 +363,7 @@ def test_torch_attention(causal):
            mapping, rtol=1e-10, atol=1e-11)
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize("kw", [dict(stride=2, padding=1, output_padding=1), dict(stride=(1, 2), padding=(0, 1))])
 def test_torch_conv_transpose(kw):
     torch = torch_or_skip()
@@ -364,6 +371,7 @@ def test_torch_conv_transpose(kw):
            {"weights": "weight", "biases": "bias"}, rtol=1e-11, atol=1e-11)
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize("mode", ["nearest", "bilinear"])
 def test_torch_upsample(mode):
     torch = torch_or_skip()

@@ -13,6 +13,7 @@ from pydtnn.optimizers import SGD
 from pydtnn.parallel.balance import check_split, partition
 from pydtnn.parallel.policies import DynamicPolicy, EqualPolicy, FPMPolicy, ProbePolicy, StaticPolicy, make_policy
 from pydtnn.parallel.weighting import make_weighting
+from pydtnn.plugins import USER_FRAMES
 from pydtnn.training.loop import Trainer
 from pydtnn.datasets import from_arrays
 
@@ -105,7 +106,12 @@ def test_user_policy_from_a_file_and_a_module(plugin_dir):
 def test_every_plugin_failure_is_one_line(plugin_dir, spec, needle):
     with pytest.raises(ConfigError) as e:
         make_policy(spec.format(d=plugin_dir))
-    assert needle in str(e.value) and "\n" not in str(e.value) and "--balance" in str(e.value)
+    first, *frames = str(e.value).splitlines()
+    assert needle in first and "--balance" in first, str(e.value)
+    # what the user's own code raised is followed by its frames, and by nothing else
+    assert len(frames) <= 2 * USER_FRAMES and all(f.startswith(("  File ", "    ")) for f in frames), frames
+    assert bool(frames) == (needle in ("failed to load (line 1): SyntaxError", "failed to load: RuntimeError: boom")), \
+        frames
 
 
 @pytest.mark.parametrize("sizes, why", [

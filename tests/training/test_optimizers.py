@@ -17,7 +17,7 @@ try:
     import torch
 except ImportError:       # the reference tests below do not need it
     torch = None
-needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed (pip install torch==2.13.0)")
+needs_torch = pytest.mark.oracle         # skipped without torch (tests/conftest.py), failed where CI requires it
 
 W0, G = 1.0, [0.5, -0.25, 0.125, 2.0, -1.5, 0.75, 0.3, -0.05]
 

@@ -162,8 +162,14 @@ def test_synchronized_batchnorm_waits_are_waits_and_everything_is_recorded(tmp_p
     for pid, b in ((0, 16), (1, 48)):
         mine = [e for e in detailed if e["pid"] == pid and e["args"]["step"] == 2]
         assert all(e["args"]["b_i"] == b for e in mine)
-        assert [e["name"] for e in mine if e["cat"] == "forward"] == layers
-        assert [e["name"] for e in mine if e["cat"] == "backward"] == layers[-2:0:-1]
+        top = [e for e in mine if "parent" not in e["args"]]       # a block's layers are nested in its event
+        assert [e["name"] for e in top if e["cat"] == "forward"] == layers
+        assert [e["name"] for e in top if e["cat"] == "backward"] == layers[-2:0:-1]
+        nested = [e for e in mine if "parent" in e["args"]]
+        assert {e["args"]["parent"] for e in nested} == {"addition_block"} and nested, mine
+        for e in nested:
+            block = [b for b in top if b["name"] == e["args"]["parent"] and b["cat"] == e["cat"]]
+            assert len(block) == 1 and block[0]["ts"] <= e["ts"] <= e["ts"] + e["dur"] <= block[0]["ts"] + block[0]["dur"]
         syncs = [e for e in mine if e["cat"] == "bn_sync"]        # float64 sums of 4, 4 and 8 channels
         assert [e["args"]["bytes"] for e in syncs] == [8 * 9, 8 * 9, 8 * 17, 8 * 16, 8 * 8, 8 * 8]
         waited = sum(e["dur"] for e in syncs) * 1e-6
@@ -181,9 +187,10 @@ def test_synchronized_batchnorm_waits_are_waits_and_everything_is_recorded(tmp_p
     events = EventAccumulator(str(out["tb"]))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"step/loss", "step/learning_rate", "step/samples_per_s", "replica0/b", "replica1/compute_s",
-            "replica0/wait_s", "epoch/loss", "epoch/val_loss"} <= tags, tags
-    assert [e.value for e in events.Scalars("replica1/b")] == [48.0] * len(rows)
+    assert {"step/loss", "step/learning_rate", "step/samples_per_s", "step/rank0_b", "step/rank1_compute_s",
+            "step/rank0_wait_s", "epoch/loss", "epoch/val_loss", "epoch/rank1_b"} <= tags, tags
+    assert all(t.startswith(("step/", "epoch/")) for t in tags), tags            # one naming: the columns'
+    assert [e.value for e in events.Scalars("step/rank1_b")] == [48.0] * len(rows)
     losses = [e.value for e in events.Scalars("step/loss")]
     assert losses == pytest.approx([float(r["loss"]) for r in rows], rel=1e-6)         # float32 in the file
     assert [e.step for e in events.Scalars("epoch/loss")] == [3, 6]
@@ -240,3 +247,57 @@ def test_the_simulators_profile_reads_the_per_layer_trace(tmp_path):
     expected_fwd = [1e-4 * (i + 1) * 2.5 - (5e-5 if name == "fc" else 0.0) for i, name in enumerate(names + ["softmax"])]
     assert np.allclose(prof.forward_s[:, 0], expected_fwd, rtol=1e-12)
     assert np.allclose(prof.backward_s[:, 0], [0.0] + [2.5e-5] * 6 + [0.0], rtol=1e-12)
+
+
+BLOCK_MODEL = """
+from pydtnn.layers import FC, AdditionBlock, BatchNormalization, Conv2D, Flatten, Input, Relu
+
+
+def create_model(model):
+    model.add(Input(shape=(3, 8, 8)))
+    model.add(Conv2D(nfilters=4, filter_shape=(3, 3), padding=1))
+    model.add(AdditionBlock([Conv2D(nfilters=4, filter_shape=(3, 3), padding=1), BatchNormalization(), Relu(),
+                             Conv2D(nfilters=4, filter_shape=(1, 1))], []))
+    model.add(Relu())
+    model.add(Flatten())
+    model.add(FC(shape=(10,), activation="softmax"))
+    return model
+"""
+
+
+def test_the_layers_inside_a_block_get_their_own_events_and_profile_rows(tmp_path):
+    """A block's event holds one event per layer of its paths (args.parent = the block), named as in
+    model.summary(); the profile lists them indented under the block and its total counts the block once;
+    the simulator's --trace calibration counts the block, not its layers again."""
+    from pydtnn.datasets import load_dataset
+    from pydtnn.model import Model
+    from pydtnn.optimizers import SGD
+    from pydtnn.sim.trace_profile import step_computes
+    from pydtnn.training.loop import Trainer
+    namespace = {}
+    exec(BLOCK_MODEL, namespace)
+    model = namespace["create_model"](Model(backend="cpu", seed=0))
+    data = load_dataset("synthetic", input_shape=(3, 8, 8), nclasses=10, synthetic_samples=64, seed=0)
+    trace = tmp_path / "t.json"
+    trainer = Trainer(model, data, SGD(learning_rate=0.01), global_batch=16, progress=False, log=lambda m: None,
+                      tracer_output=str(trace), trace_steps=(2, 3), profile_layers=True)
+    trainer.fit(1)
+    block = model.layers[2]
+    inside = [layer.name for layer in block.sublayers()]
+    spans = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X" and e["args"]["step"] == 2]
+    nested = [e for e in spans if "parent" in e["args"]]
+    assert [e["name"] for e in nested if e["cat"] == "forward"] == inside
+    assert {e["name"] for e in nested if e["cat"] == "backward"} == set(inside)
+    outer = next(e for e in spans if e["name"] == block.name and e["cat"] == "forward")
+    assert all(outer["ts"] <= e["ts"] and e["ts"] + e["dur"] <= outer["ts"] + outer["dur"]
+               for e in nested if e["cat"] == "forward")
+    layer_sum = sum(e["dur"] for e in spans if e["cat"] in ("forward", "backward") and "parent" not in e["args"])
+    step2 = step_computes(json.loads(trace.read_text())["traceEvents"])[0]
+    assert step2[1] == pytest.approx(layer_sum * 1e-6, rel=1e-9)        # each layer counted once, in its block
+    table = trainer.layer_profile.table().splitlines()
+    rows = {line.strip().split()[0]: line for line in table[2:-2]}
+    assert all(rows[name].startswith("  " + name) for name in inside), table
+    assert rows[block.name].startswith(block.name) and list(rows).index(block.name) < list(rows).index(inside[0])
+    top = [line.split() for line in table[2:-2] if not line.startswith(" ")]
+    top_ms = sum(float(cols[2]) + float(cols[3]) for cols in top)
+    assert table[-1].startswith("layers ") and abs(float(table[-1].split()[1]) - top_ms) <= 1e-3 * len(top), table

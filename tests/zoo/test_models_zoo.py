@@ -26,6 +26,7 @@ from pydtnn.layers import FC, AdditionBlock, BatchNormalization, Conv2D, Concate
 from pydtnn.models import (MODELS, build_model, default_dataset, default_input_shape, default_nclasses,
                            get_model_builder, list_models)
 from pydtnn.optimizers import SGD
+from pydtnn.plugins import USER_FRAMES
 
 # The upstream zoo (docs: reference "Model zoo" table).
 EXPECTED_NAMES = {
@@ -331,8 +332,11 @@ def test_bad_user_model_files(tmp_path, content, message):
         path.write_text(content)
     with pytest.raises(PyDTNNError, match=message) as info:
         build_model(str(path), new_model())
-    text = str(info.value)
-    assert "bad_model.py" in text and "\n" not in text
+    first, *frames = str(info.value).splitlines()
+    assert "bad_model.py" in first
+    # the user's code that raised (a line that does not parse, a missing import) shows where, and only that
+    assert len(frames) <= 2 * USER_FRAMES and all(f.startswith(f'  File "{path}", line ') or f.startswith("    ")
+                                                  for f in frames), frames
 
 
 BUGGY_LAYER = '''
@@ -350,18 +354,21 @@ def create_model(model):
 '''
 
 
-@pytest.mark.parametrize("content, error", [
-    (BUGGY_LAYER, AttributeError),
-    ("raise RuntimeError('boom')\ndef create_model(model): pass\n", RuntimeError),
-    ("def create_model(model):\n    raise ValueError('bad layer')\n", ValueError),
+@pytest.mark.parametrize("content, error, line", [
+    (BUGGY_LAYER, AttributeError, 7),
+    ("raise RuntimeError('boom')\ndef create_model(model): pass\n", RuntimeError, 1),
+    ("def create_model(model):\n    raise ValueError('bad layer')\n", ValueError, 2),
 ])
-def test_bugs_in_user_model_files_keep_their_traceback(tmp_path, content, error):
-    """Only the project's own errors (PyDTNNError) become one line; a bug in the user's code (its build,
-    its create_model, its top level) propagates as it is, so the traceback points at the line."""
+def test_bugs_in_user_model_files_are_one_line_and_the_users_frames(tmp_path, content, error, line):
+    """A bug in the user's code (its layer's build, its create_model, its top level) is one ConfigError: a
+    first line naming the file and the exception, then only the user's own frames (file, line, code), the
+    last one at the line that raised; the original exception stays chained for a Python caller."""
     path = tmp_path / "buggy_model.py"
     path.write_text(content)
-    with pytest.raises(error) as info:
+    with pytest.raises(ConfigError) as info:
         build_model(str(path), new_model())
-    assert not isinstance(info.value, PyDTNNError)
-    frames = [str(f.path) for f in info.traceback]
-    assert str(path) in frames, frames
+    first, *frames = str(info.value).splitlines()
+    assert str(path) in first and error.__name__ in first, first
+    assert 2 <= len(frames) <= 2 * USER_FRAMES and all(f.startswith(("  File ", "    ")) for f in frames), frames
+    assert frames[-2].startswith(f'  File "{path}", line {line},'), frames
+    assert isinstance(info.value.__cause__, error)
