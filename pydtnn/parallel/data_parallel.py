@@ -23,6 +23,8 @@ replica a policy gives 0 samples (`allow_zero`) computes nothing and adds a zero
 """
 from __future__ import annotations
 
+import numpy as np
+
 
 
 from pydtnn.clipping import check_max_norm, clip_by_global_norm
@@ -233,6 +235,18 @@ class DataParallel:
         return out
 
     # --- BatchNorm ---------------------------------------------------------------------------------------
+    def average_running_stats(self):
+        """BatchNorm running statistics: the b_i-weighted mean over replicas (upstream never synced them);
+        synchronized BatchNorm keeps them identical, from the global batch, so there is nothing to do."""
+        if self.nreplicas == 1 or self.sync_batchnorm:
+            return
+        share = self.sizes[self.rank] / self.global_batch
+        backend = self.model.backend
+        for arr in self.running_stats():
+            host = backend.to_numpy(arr).astype(np.float64) * share
+            self.comm.allreduce_sum_(host)
+            arr[...] = backend.asarray(host)
+
     def running_stats(self):
         return [a for layer in self.model.all_layers() for a in layer.state_arrays().values()]
 

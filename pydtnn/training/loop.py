@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-import resource
 import time
 
 import numpy as np
 
 from pydtnn.callbacks import call
-from pydtnn.errors import ConfigError, NumericalError, OutputError, PyDTNNError
+from pydtnn.errors import ConfigError, NumericalError, OutputError
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
-from pydtnn.observe.timing import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
-from pydtnn.parallel import balance, policy_calls
-from pydtnn.parallel.comm import SerialComm, agree_on_error, raise_together
+from pydtnn.observe.timing import ReplicaStats, StepTimer, Timeline, write_chrome_trace
+from pydtnn.parallel import balance
+from pydtnn.parallel.comm import SerialComm, raise_together
 from pydtnn.parallel.data_parallel import DataParallel
 from pydtnn.parallel.emulation import SpeedEmulator
 from pydtnn.parallel.policies import make_policy
@@ -34,16 +33,18 @@ from pydtnn.training import trainer_state
 from pydtnn.training.evaluation import evaluate_split
 from pydtnn.training.loop_callbacks import HistoryWriter, ProgressBar
 from pydtnn.training.options import grouped
+from pydtnn.training.output_rescue import OutputRescue
+from pydtnn.training.epoch_report import EpochReport
 from pydtnn.training.preemption import Preempted, StepCheckpoints
-from pydtnn.training.probe import LockStepProbe
+from pydtnn.training.probe import probe_split
 from pydtnn.training.step import TrainerStep
 from pydtnn.training.step_insight import StepInsight
-from pydtnn.training.tokens import add_language_model_logs, epoch_line_suffix, tokens_per_sample
+from pydtnn.training.tokens import tokens_per_sample
 
 __all__ = ["Trainer", "Preempted"]
 
 
-class Trainer:
+class Trainer(OutputRescue, EpochReport):
     """The training loop. Callbacks (`pydtnn.callbacks`, where their order is fixed): the schedulers, the
     user's `callbacks`, then the loop's own history file and progress bar (`pydtnn.training.loop_callbacks`).
     The checkpoint cadence and preemption are no callbacks (`pydtnn.training.preemption`): they act on the
@@ -142,40 +143,9 @@ class Trainer:
         self.checkpoints.agree(record)
         return record
 
-    def _local_flags(self):
-        """This rank's flags for the step's record: a signal, a checkpoint due, an output that failed here."""
-        return dict(self.checkpoints.local_flags(self.rank), output_failed=self.output_failure() is not None)
-
-    def output_failure(self):
-        """The first OutputError one of this rank's writers kept (`output_failure`), or None."""
-        return next((c.output_failure for c in self._callbacks()
-                     if getattr(c, "output_failure", None) is not None), None)
-
-    def agree_on_outputs(self):
-        """A collective: if any rank's writer failed, every rank raises that OutputError (rank 0 its text)."""
-        agree_on_error(self.comm, self.output_failure(), "another rank could not write an output")
-
     def probe_split(self):
-        """A policy that asks for it gets its probe before training (`pydtnn.training.probe`): the FPM's
-        points at several local batches (fpm, dynamic, static without --replica_speeds), or the speeds at
-        the equal split (probe); its split is checked and agreed on. Nothing when the split came from a
-        checkpoint."""
-        if self.restored_split or not (self.policy.wants_probe or self.policy.wants_costs):
-            return
-        probe = LockStepProbe(self.step_runner, self.comm, self.seed, self.global_batch, self.caps,
-                              self.policy.devices, self.dp.reports)
-        new, error = None, None
-        try:
-            if self.policy.wants_costs:
-                new = policy_calls.call(self.policy, "probe_costs", probe)
-            else:
-                new = policy_calls.call(self.policy, "probed", self.global_batch, probe.speeds(), self.caps)
-            new = None if new is None else self.dp.checked(new)
-        except PyDTNNError as e:
-            error = e
-        new = self.dp.agreed(new, error, "after the probe")
-        if new is not None:
-            self.dp.adopt(new)
+        """The balance policy's probe before training, where it asks for one (`pydtnn.training.probe`)."""
+        probe_split(self)
 
     # --- epochs -----------------------------------------------------------------------------------------
     def fit(self, num_epochs):
@@ -228,12 +198,6 @@ class Trainer:
             raise
         return self.history
 
-    def flush_outputs(self):
-        """The writers' files brought up to the last step (rank 0 writes; a failure is only kept)."""
-        for c in self._callbacks():
-            if callable(getattr(c, "flush", None)):
-                c.flush(self)
-
     def _callbacks(self):
         """Every callback in the order each hook runs: the schedulers, the user's, then the loop's own
         (history file, progress bar); `fit` moves the ones that save files after the epoch's row."""
@@ -284,46 +248,8 @@ class Trainer:
                 self.agree_on_outputs()          # raises on every rank: fit's rescue follows
             if step + 1 < self.steps_per_epoch and self.checkpoints.due(epoch, step, self.steps_per_epoch):
                 self._step_checkpoint(epoch, step + 1, trainer_state.partial_epoch(self, sums, samples))
-        self._sync_running_stats()
+        self.dp.average_running_stats()
         return self._epoch_logs(epoch, sums, samples, time.perf_counter() - t0)
-
-    def _epoch_logs(self, epoch, sums, samples, elapsed):
-        """The epoch's history row (validation and every replica's totals included); its lines on stdout."""
-        logs = {"epoch": epoch + 1, "loss": sums[0] / samples,
-                **{m: v / samples for m, v in zip(self.metric_names, sums[1:])},
-                "time_s": elapsed, "samples_per_s": samples / elapsed, "learning_rate": self.optimizer.learning_rate}
-        val = self.dataset.val
-        if val is not None and len(val):
-            logs.update({f"val_{k}": v for k, v in self.evaluate(val).items()})
-        if self.tokens_per_sample:
-            add_language_model_logs(logs, self.tokens_per_sample)
-        summary = epoch_summary(self.comm, self.stats)
-        for r in summary.rows:
-            r["b_i"] = self.sizes[r["rank"]]      # the split in force, not a short last step's
-            logs[f"rank{r['rank']}_b"] = r["b_i"]
-            logs[f"rank{r['rank']}_samples"] = r["samples"]
-            logs[f"rank{r['rank']}_compute_s"] = r["compute_s"]
-            logs[f"rank{r['rank']}_wait_s"] = r["wait_s"]
-        if self.rank == 0:
-            self.log(f"epoch {epoch + 1}: " + ", ".join(f"{k}={v:.4f}" for k, v in logs.items()
-                                                       if k in ("loss", "val_loss", "perplexity")
-                                                       or k.startswith(("val_", *self.metric_names))
-                                                       or k in self.metric_names) + f", {elapsed:.2f} s"
-                     + epoch_line_suffix(logs))
-            if self.nreplicas > 1:
-                self.log(summary.format())
-        return logs
-
-    def _sync_running_stats(self):
-        """BatchNorm running statistics: the b_i-weighted mean over replicas (upstream never synced them);
-        synchronized BatchNorm keeps them identical, from the global batch, so there is nothing to do."""
-        if self.nreplicas == 1 or self.sync_batchnorm:
-            return
-        share = self.sizes[self.rank] / self.global_batch
-        for arr in self.dp.running_stats():
-            host = self.model.backend.to_numpy(arr).astype(np.float64) * share
-            self.comm.allreduce_sum_(host)
-            arr[...] = self.model.backend.asarray(host)
 
     # --- evaluation -------------------------------------------------------------------------------------
     def evaluate(self, split):
@@ -350,29 +276,3 @@ class Trainer:
     def _step_checkpoint(self, epoch, step, partial=None):
         """A full checkpoint `epoch` epochs and `step` steps in; on a signal, then raise Preempted."""
         self.checkpoints.write(self.save_checkpoint, self.comm, epoch, step, self.steps_per_epoch, partial)
-
-    def rescue(self, num_epochs):
-        """After an output failed (every rank calls it, together): the other outputs flushed, then a full
-        checkpoint of the last point this run completed, where it can be written; returns what to tell."""
-        self.flush_outputs()
-        if self.last_point is None:
-            return "no training step had run: nothing to save"
-        epoch, step, sums, samples = self.last_point
-        partial = trainer_state.partial_epoch(self, sums, samples) if step else None
-        return self.checkpoints.rescue(self.save_checkpoint, epoch, step, partial, num_epochs, self.steps_per_epoch)
-
-    def report(self):
-        """The final report's lines: time, time per epoch, throughput (the run's first step, which compiles,
-        left out), peak memory."""
-        samples = sum(h["samples_per_s"] * h["time_s"] for h in self.history[-self.epochs_run:]) if self.epochs_run else 0
-        first_s, first_samples = self.run_first_step or (0.0, 0)
-        if samples > first_samples and self.elapsed > first_s:
-            rate, why = (samples - first_samples) / (self.elapsed - first_s), "the first step, which compiles, left out"
-        else:
-            rate, why = samples / max(self.elapsed, 1e-9), "one step: its compilation included"
-        tokens = f" = {rate * self.tokens_per_sample:,.0f} tokens/s" if self.tokens_per_sample else ""
-        peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        return [f"training time: {self.elapsed:.2f} s over {self.epochs_run} epoch(s)",
-                f"time per epoch: {self.elapsed / max(self.epochs_run, 1):.2f} s",
-                f"throughput: {rate:.1f} samples/s{tokens} (all replicas; {why})",
-                f"peak host memory (rank 0): {peak_mib:.0f} MiB"]

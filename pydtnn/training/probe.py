@@ -157,3 +157,28 @@ def memory_cap(memory, run, b_lo, b_hi):
     if per_sample <= 0:
         return 0
     return int(b_hi + (MEMORY_FRACTION * (free + held_hi) - held_hi) // per_sample)
+
+
+def probe_split(trainer):
+    """A policy that asks for it gets its probe before training: the FPM's points at several local batches
+    (fpm, dynamic, static without --replica_speeds), or the speeds at the equal split (probe); its split is
+    checked and agreed on. Nothing when the split came from a checkpoint."""
+    from pydtnn.errors import PyDTNNError
+    from pydtnn.parallel import policy_calls
+    policy, dp = trainer.policy, trainer.dp
+    if trainer.restored_split or not (policy.wants_probe or policy.wants_costs):
+        return
+    probe = LockStepProbe(trainer.step_runner, trainer.comm, trainer.seed, trainer.global_batch, trainer.caps,
+                          policy.devices, dp.reports)
+    new, error = None, None
+    try:
+        if policy.wants_costs:
+            new = policy_calls.call(policy, "probe_costs", probe)
+        else:
+            new = policy_calls.call(policy, "probed", trainer.global_batch, probe.speeds(), trainer.caps)
+        new = None if new is None else dp.checked(new)
+    except PyDTNNError as e:
+        error = e
+    new = dp.agreed(new, error, "after the probe")
+    if new is not None:
+        dp.adopt(new)
