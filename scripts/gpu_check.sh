@@ -13,12 +13,13 @@
 # ending with one "RESULT:" line that goes to the console and to summary.txt as soon as it ends:
 #   versions 20 s (installs the carried wheel), conformance 70 s (pytest -k "gpu and not standin"),
 #   bench 140 s (ResNet-50 and VGG-16 at batch 64 in tf32, fp32, fp32_strict against PyTorch, with a kernel
-#   profile of each), mixed 45 s, mnist 20 s, resume 20 s, nccl 15 s: 330 s of limits, budget 340 s, so that
-#   a second run still fits in a 15-minute device session.
+#   profile of each), mixed 60 s (scripts/fpm_device_check.py: gpu,cpu,cpu ResNet-20 balanced by the FPM),
+#   mnist 15 s, resume 15 s, nccl 10 s: 330 s of limits, budget 340 s, so that a second run still fits in a
+#   15-minute device session.
 # What comes back in $OUT (at most 5 files, no folders; the device returns at most 8):
 #   summary.txt  one line per stage      gpu_check.log    every stage's whole output, appended as it runs
 #   conformance.xml  pytest's JUnit XML  bench.jsonl      one JSON line per benchmark row (profile included)
-#   histories.json   {"mnist": [...], "mixed_static": [...], "mixed_dynamic": [...]}, merged as each ends
+#   histories.json   {"mnist": [...], "mixed_fpm": [...], "mixed_probe": [...], "mixed_dynamic": [...]}
 # Work files live in a fresh folder under /tmp.
 # Knobs: PYTHON (python3); GPU_CHECK_BUDGET (340 s); GPU_CHECK_LIMIT_<stage> (seconds, e.g.
 # GPU_CHECK_LIMIT_bench=200); GPU_CHECK_ONLY / GPU_CHECK_SKIP ("bench mixed": stages to run / not to run);
@@ -40,7 +41,7 @@ MNIST="tests/data/mnist-t10k"
 SUMMARY="$OUT/summary.txt"
 LOG="$OUT/gpu_check.log"
 HIST="$OUT/histories.json"
-STAGES=(versions:20 conformance:70 bench:140 mixed:45 mnist:20 resume:20 nccl:15)
+STAGES=(versions:20 conformance:70 bench:140 mixed:60 mnist:15 resume:15 nccl:10)
 START=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export PYTHONPATH="$REPO:$REPO/scripts:/tmp/pydtnn-gpu-site${PYTHONPATH:+:$PYTHONPATH}"
@@ -107,7 +108,10 @@ dry_stage() {   # a stage in a dry run (no GPU here): what of it can be checked 
             "$PY" -c "from pydtnn import Model; from pydtnn.models import build_model
 for name in ('resnet50_imagenet', 'vgg16_imagenet'): build_model(name, Model(), input_shape=(3, 32, 32))" \
                 || return 1 ;;
-        mnist | mixed | resume)   # the launcher's imports; MNIST is in the repository
+        mixed)           # the FPM check's imports and its policy
+            dry_imports pydtnn.cli pydtnn.parallel.policies || return 1
+            "$PY" scripts/fpm_device_check.py --help > /dev/null || return 1 ;;
+        mnist | resume)  # the launcher's imports; MNIST is in the repository
             dry_imports pydtnn.cli pydtnn.datasets pydtnn.models || return 1
             if [ "$1" != resume ]; then
                 [ -f "$MNIST/t10k-images-idx3-ubyte.gz" ] && [ -f "$MNIST/t10k-labels-idx1-ubyte.gz" ] \
@@ -266,12 +270,15 @@ EOF
 }
 
 do_bench() {
-    # ResNet-50 first, TF32 then fp32 then fp32_strict, then VGG-16; --max_seconds: start no configuration
-    # that cannot finish
-    "$PY" scripts/bench_gpu.py --models resnet50_imagenet,vgg16_imagenet --precision tf32,fp32,fp32_strict \
-        --batch 64 --block 5 --rounds 5 --warmup 2 --profile --jsonl "$OUT/bench.jsonl" --json "$WORK/bench.json" \
-        --max_seconds $(( STAGE_LIMIT > 40 ? STAGE_LIMIT - 30 : 5 ))
-    local rc=$?
+    # ResNet-50 then VGG-16 in TF32 and fp32 (the rows the goal names) first, then both in fp32_strict; each call
+    # starts no configuration that cannot finish before the stage's end (--max_seconds)
+    local rc=0
+    "$PY" scripts/bench_gpu.py --models resnet50_imagenet,vgg16_imagenet --precision tf32,fp32 \
+        --batch 64 --block 5 --rounds 5 --warmup 2 --profile --jsonl "$OUT/bench.jsonl" \
+        --max_seconds $(( STAGE_END - $(date +%s) - 40 > 5 ? STAGE_END - $(date +%s) - 40 : 5 )) || rc=1
+    "$PY" scripts/bench_gpu.py --models resnet50_imagenet,vgg16_imagenet --precision fp32_strict \
+        --batch 64 --block 5 --rounds 5 --warmup 2 --profile --jsonl "$OUT/bench.jsonl" \
+        --max_seconds $(( STAGE_END - $(date +%s) - 40 > 5 ? STAGE_END - $(date +%s) - 40 : 5 )) || rc=1
     "$PY" - "$OUT/bench.jsonl" <<'EOF'
 import json, os, sys
 rows = [json.loads(l) for l in open(sys.argv[1])] if os.path.exists(sys.argv[1]) else []
@@ -306,36 +313,21 @@ sys.exit(1 if bad else 0)
 EOF
 }
 
-mixed_job() {   # mixed_job static|dynamic
-    mpirun --allow-run-as-root --oversubscribe -np 3 -x PYTHONPATH "$PY" -m mpi4py scripts/pydtnn_benchmark.py \
-        --parallel data --devices gpu,cpu,cpu --balance "$1" --model simplecnn --dataset mnist \
-        --dataset_train_path "$MNIST" --validation_split 0.5 --global_batch_size 192 --num_epochs 1 \
-        --learning_rate 0.05 --lr_schedulers "" --threads_per_replica 4 --progress_bar false \
-        --enable_cudnn_auto_conv_alg false --rebalance_interval 5 --history_file "$WORK/mixed_$1.json" || return 1
-    merge_history "mixed_$1" "$WORK/mixed_$1.json"
-    "$PY" - "$WORK/mixed_$1.json" "$1" <<'EOF'
-import json, sys
-row = json.load(open(sys.argv[1]))[-1]
-for r in range(3):
-    print(f"{sys.argv[2]} replica {r} ({'gpu' if r == 0 else 'cpu'}): b_i={row.get(f'rank{r}_b')} "
-          f"compute_s={row.get(f'rank{r}_compute_s')} wait_s={row.get(f'rank{r}_wait_s')}")
-print(f"MIXED {sys.argv[2]}: b = {[row.get(f'rank{r}_b') for r in range(3)]}, "
-      f"val accuracy {row.get('val_categorical_accuracy')}")
-EOF
-}
-
 do_mixed() {
-    local rc=0
-    mixed_job static > "$WORK/mixed_static.out" 2>&1 || rc=1
-    cat "$WORK/mixed_static.out"
-    mixed_job dynamic > "$WORK/mixed_dynamic.out" 2>&1 || rc=1
-    cat "$WORK/mixed_dynamic.out"
-    echo "RESULT: $(grep -h '^MIXED ' "$WORK"/mixed_*.out | cut -c7- | paste -sd ';' -)"
+    # issue 37 on a device: one GPU replica beside two CPU replicas, ResNet-20, B = 256: the FPM split (max/min
+    # compute <= 1.10, the epoch within 1.10x of the predicted makespan), the constant model and dynamic beside it
+    "$PY" scripts/fpm_device_check.py --devices gpu,cpu,cpu --model resnet20_cifar10 --global_batch_size 256 \
+        --steps 10 --out "$WORK/fpm" --timeout $(( STAGE_LIMIT > 20 ? STAGE_LIMIT - 10 : 10 )) | tee "$WORK/fpm.out"
+    local rc=${PIPESTATUS[0]} policy
+    for policy in fpm probe dynamic; do
+        [ -f "$WORK/fpm/$policy.json" ] && merge_history "mixed_$policy" "$WORK/fpm/$policy.json"
+    done
+    echo "RESULT: $(grep -E '^(fpm|probe|dynamic): split|PASS|FAIL|unwarmed' "$WORK/fpm.out" | cut -c1-160 | paste -sd ';' -)"
     return $rc
 }
 
 export PY OUT WORK MNIST HIST REPO
-export -f conformance_args do_versions do_conformance do_nccl do_mnist do_bench do_resume mixed_job do_mixed dry_stage dry_imports merge_history
+export -f conformance_args do_versions do_conformance do_nccl do_mnist do_bench do_resume do_mixed dry_stage dry_imports merge_history
 limits=""
 total=0
 for s in "${STAGES[@]}"; do

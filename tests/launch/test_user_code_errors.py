@@ -43,9 +43,9 @@ CASES = {
                                    "your code raised: AttributeError: 'Halves' object has no attribute 'divisor'",
                                    "layer.py", 9),
     "policy raises at start": (["--parallel", "data", "--balance", "{d}/policy.py:AtStart"],
-                               "--balance {d}/policy.py:AtStart: initial_sizes: ZeroDivisionError", "policy.py", 6),
+                               "balance policy AtStart: initial_sizes failed: ZeroDivisionError", "policy.py", 6),
     "policy raises after a step": (["--parallel", "data", "--balance", "{d}/policy.py:AfterStep"],
-                                   "--balance {d}/policy.py:AfterStep: after_step: AttributeError", "policy.py", 11),
+                                   "balance policy AfterStep: after_step failed: AttributeError", "policy.py", 11),
 }
 
 
@@ -97,7 +97,7 @@ def test_the_simulator_runs_a_raising_policy_into_the_same_line(user_dir, policy
                        capture_output=True, text=True, timeout=300, cwd=str(user_dir))
     assert r.returncode == 2 and r.stdout == "", r.stderr
     first, *frames = r.stderr.splitlines()
-    assert first.startswith(f"pydtnn: error: --balance policy.py:{policy}: "), r.stderr
+    assert first.startswith(f"pydtnn: error: balance policy {policy}: "), r.stderr
     assert frames[-2].startswith(f'  File "{user_dir / "policy.py"}", line {line}, in '), r.stderr
     assert len(frames) <= 2 * USER_FRAMES and "Traceback" not in r.stderr, r.stderr
 
