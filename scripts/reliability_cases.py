@@ -1,8 +1,7 @@
 """The cases of `reliability_sweep.py`: issue 38's classes and their neighbours, each run as a user would.
 
-Part 1 (one line at the right time, what a new user tripped on, CI's PyTorch oracle) is this branch's; part 2
-(hangs, nothing lost, a checkpoint is data) is another branch's: its cases run here too, and where they
-break the table says that part has not landed yet.
+Part 1 is one line at the right time, what a new user tripped on and CI's PyTorch oracle; part 2 is the hangs,
+nothing lost and a checkpoint is data. ``Case.part`` records which; both are judged alike.
 """
 from __future__ import annotations
 
@@ -733,8 +732,7 @@ def _interrupt(ctx, signum, mpi):
     return r, kept
 
 
-# under Open MPI, mpirun itself signalled drops the ranks' line (documented): saying where the checkpoint is, is
-# part 2's; sequential and under MPICH it holds already
+# under Open MPI, mpirun itself signalled drops the ranks' line: the launcher says where the checkpoint went
 for _name, _signum, _mpi, _part in (("Ctrl-C (SIGINT)", signal.SIGINT, (False, True), 2),
                                     ("SIGTERM", signal.SIGTERM, (False,), 1), ("SIGTERM", signal.SIGTERM, (True,), 2)):
     @case(LOST, f"{_name} mid-epoch", "a checkpoint written and named", mpi=_mpi, part=_part)
