@@ -211,7 +211,7 @@ def _sweep_sizes(a, step=1):
 def _run(a):
     from pydtnn.outputs import check_output_file
     from pydtnn.sim import report
-    from pydtnn.sim.budget import check_memory, progress_for
+    from pydtnn.sim.budget import check_memory, progress_for, say_how_long
     from pydtnn.sim.engine import best_partition, simulate
     from pydtnn.sim.layout import mix, node_layout, sweep_layouts
     P = a.replicas
@@ -235,6 +235,8 @@ def _run(a):
     check_memory(max([P, *sizes]))
     layouts = sweep_layouts(sizes, layout, a.nodes_given, given, a.global_batch_size, slots)
     policy = {"none": "equal"}.get(a.balance, a.balance)
+    say_how_long(P, lambda p: _run_at(a, p, policy, profiles, layout, slots),
+                 f"simulating {P} replicas (the run and its best partition)")
     sc = _scenario(a, P, policy, profiles, a.speed_factors)
     result = simulate(sc, progress_for(P, a.steps, f"simulating {P} replicas"))
     best = best_partition(_scenario(a, P, "equal", profiles, a.speed_factors))
@@ -268,6 +270,29 @@ def _run(a):
         print(report.sweep_table(sweep))
         if a.plot:
             print(f"plot written to {a.plot}")
+
+
+def _run_at(a, p, policy, profiles, layout, slots):
+    """The run of `_run` at about `p` replicas, on nodes of as many ranks as the full run's (a multiple of them),
+    the cluster's mix kept and the global batch scaled, to time it; returns the replicas it ran (None when
+    that many cannot be laid out)."""
+    from pydtnn.sim.engine import best_partition, simulate
+    from pydtnn.sim.layout import mix
+    k = layout.ranks_per_node
+    p = max(k, p // k * k)
+    nodes = a.nodes
+    try:
+        a.nodes = p // k
+        for pol, run in ((policy, simulate), ("equal", best_partition)):
+            s = _scenario(a, p, pol, mix(profiles, p), mix(a.speed_factors, p))
+            s.replica_speeds = mix(a.replica_speeds, p)
+            s.global_batch = max(p, a.global_batch_size * p // a.replicas)
+            run(s)
+        return p
+    except ConfigError:
+        return None
+    finally:
+        a.nodes = nodes
 
 
 def _sweep_words(a, layouts) -> str:

@@ -153,8 +153,10 @@ def cost_model_of(sc, points=12):
     probe = SimProbe(sc, collective, emulate)
     ladder = sorted({max(1, int(round(sc.global_batch ** (k / (points - 1))))) for k in range(points)})
     times = np.array([probe.measure([b] * sc.replicas)[0] for b in ladder])          # (points, P)
-    return CostModel([ReplicaCost([(b, t) for b, t in zip(ladder, times[:, i]) if t > 0])
-                      for i in range(sc.replicas)], probe.devices)
+    # replicas alike (profile, speed, contention) share one fit: 10^6 replicas are a handful of kinds
+    kinds, kind_of = np.unique(times, axis=1, return_inverse=True)
+    fits = [ReplicaCost([(b, t) for b, t in zip(ladder, kinds[:, j]) if t > 0]) for j in range(kinds.shape[1])]
+    return CostModel([fits[j] for j in np.ravel(kind_of)], probe.devices)
 
 
 def _collective(sc):

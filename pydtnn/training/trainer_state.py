@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from pydtnn.errors import CheckpointError, ConfigError, OutputError
-from pydtnn.parallel import balance
+from pydtnn.parallel import balance, policy_calls
 from pydtnn.parallel.comm import raise_together
 from pydtnn.training.checkpointing import load_checkpoint, save_checkpoint
 
@@ -30,7 +30,7 @@ def save(trainer, path, epoch, step=0, partial=None):
                 "sizes": list(map(int, t.sizes)), "rng_states": rng_states, "seed": t.seed,
                 "history": t.history, "schedulers": [[s.name, s.state_dict()] for s in t.schedulers],
                 "balancer": None, "balance_policy": t.policy.name,
-                t.policy.checkpoint_key: t.policy.state_dict() or None,
+                t.policy.checkpoint_key: policy_calls.call(t.policy, "state_dict") or None,
                 "partial_epoch": partial, "flags": t.flags}
         folder = os.path.dirname(os.path.abspath(path))
         try:

@@ -1,5 +1,6 @@
 """A user's balancing policy and gradient weighting that fail, at the right time, in one line plus the user's
-own frames (issue 38): raising in initial_sizes or after_step (launcher, simulator, under MPICH and Open MPI),
+own frames (issue 38): raising in initial_sizes, after_step (launcher, simulator, under MPICH and Open MPI) or
+state_dict (a checkpoint),
 splits that differ between ranks (agreed on, or refused), weightings that return what is not a list of
 finite numbers (refused on the initial split, before any work).
 
@@ -47,6 +48,11 @@ class RaisesOnRankOne(BalancePolicy):
     def after_step(self, step, report):
         if step == 1 and self.rank == 1:
             raise KeyError("only here")
+
+
+class RaisesInStateDict(BalancePolicy):
+    def state_dict(self):
+        return {"ratio": 1 / 0}
 
 
 class ByRankAtStart(BalancePolicy):
@@ -176,9 +182,12 @@ def launch(*args, cwd):
 @pytest.mark.parametrize("cls, first, before_work", [
     ("RaisesAtStart", "balance policy RaisesAtStart: initial_sizes failed: ValueError: no split for you", True),
     ("RaisesAfterStep", "balance policy RaisesAfterStep: after_step failed: RuntimeError: boom at step 1", False),
+    ("RaisesInStateDict", "balance policy RaisesInStateDict: state_dict failed: ZeroDivisionError: division by zero",
+     False),                                                     # at the checkpoint after step 1
 ])
 def test_the_launcher_gives_a_raising_policy_one_line_and_status_2(plugins, cls, first, before_work):
-    r = launch("--balance", f"pol.py:{cls}", cwd=plugins)
+    r = launch("--balance", f"pol.py:{cls}", "--model_checkpoint_save_steps", "1", "--checkpoint_dir", "ck",
+               cwd=plugins)
     assert r.returncode == 2, r.stderr
     user_error(r.stderr, first)
     assert ("PyDTNN parameters" in r.stdout) is not before_work, r.stdout

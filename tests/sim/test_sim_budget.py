@@ -46,3 +46,20 @@ def test_a_long_simulation_shows_its_progress_and_the_time_left(monkeypatch, cap
 def test_a_short_simulation_says_nothing_more(capsys):
     assert main(["run", "--model", "simplemlp", "--global_batch_size", "64", "--replicas", "4"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_run_of_many_replicas_says_how_long_before_it_starts(monkeypatch, capsys):
+    """Timed at fewer replicas (a multiple of the ranks per node), scaled, said in one line, then the run."""
+    monkeypatch.setattr(budget, "ESTIMATE_FROM", 1000)
+    monkeypatch.setattr(budget, "ESTIMATE_AT", 250)
+    assert main(["run", "--model", "simplemlp", "--global_batch_size", "4000", "--replicas", "2000", "--steps", "3",
+                 "--ranks_per_node", "8", "--sweep", "none"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("simulating 2000 replicas (the run and its best partition): about "), err
+    assert " of memory (the same run at 248 replicas took " in err[0], err       # 31 nodes of 8 ranks
+
+
+def test_no_estimate_below_its_threshold(monkeypatch):
+    calls = []
+    assert budget.say_how_long(budget.ESTIMATE_FROM - 1, calls.append, "x") is None and calls == []
