@@ -16,7 +16,11 @@ the current epoch). Every rank runs the same callbacks on the same (reduced) log
   history row: loss, metrics, val_*, learning_rate, time_s, ...);
 - `on_batch_begin(trainer, step)`, `on_batch_end(trainer, step, logs)` (step: the global step, 0-based,
   counted over epochs; logs: the global batch's mean `loss`, its metrics, the `learning_rate` the step used
-  and `batch_size`).
+  and `batch_size`). On a GPU with one replica the loop reads a step's numbers a step late, so the host never
+  waits for the device (`pydtnn.parallel.lagged_step`): `on_batch_end` of step k then comes after
+  `on_batch_begin` of step k + 1 (whose work is queued by then; a change made in `on_batch_end` acts from step
+  k + 2), except at an epoch's last step and before a checkpoint. `Trainer(lagged_reads=False)` reads each
+  step at its end, as on the CPU.
 
 The learning-rate schedulers and `model_checkpoint` (`pydtnn.schedulers`) are callbacks too, and so are the
 loop's own history file and progress bar (`pydtnn.training.loop_callbacks`). The order is fixed: every hook runs the

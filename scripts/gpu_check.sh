@@ -13,15 +13,17 @@
 # ending with one "RESULT:" line that goes to the console and to summary.txt as soon as it ends:
 #   versions 20 s (installs the carried wheel), conformance 70 s (pytest -k "gpu and not standin"),
 #   bench 140 s (ResNet-50 and VGG-16 at batch 64 in tf32, fp32, fp32_strict against PyTorch, with a kernel
-#   profile of each), mixed 60 s (scripts/fpm_device_check.py: gpu,cpu,cpu ResNet-20 balanced by the FPM),
-#   mnist 15 s, resume 15 s, nccl 10 s: 330 s of limits, budget 340 s, so that a second run still fits in a
-#   15-minute device session.
+#   profile of each), loop 30 s (scripts/bench_loop.py: the launcher's ResNet-50 steps, their numbers read a
+#   step late and at each step's end, beside the bare step), mixed 50 s (scripts/fpm_device_check.py:
+#   gpu,cpu,cpu ResNet-20 balanced by the FPM), mnist 15 s, resume 15 s, nccl 10 s: 350 s of limits, budget
+#   355 s, so that a second run still fits in a 15-minute device session.
 # What comes back in $OUT (at most 5 files, no folders; the device returns at most 8):
 #   summary.txt  one line per stage      gpu_check.log    every stage's whole output, appended as it runs
-#   conformance.xml  pytest's JUnit XML  bench.jsonl      one JSON line per benchmark row (profile included)
+#   conformance.xml  pytest's JUnit XML  bench.jsonl      one JSON line per benchmark row (profile included,
+#                                                          and the loop stage's rows)
 #   histories.json   {"mnist": [...], "mixed_fpm": [...], "mixed_probe": [...], "mixed_dynamic": [...]}
 # Work files live in a fresh folder under /tmp.
-# Knobs: PYTHON (python3); GPU_CHECK_BUDGET (340 s); GPU_CHECK_LIMIT_<stage> (seconds, e.g.
+# Knobs: PYTHON (python3); GPU_CHECK_BUDGET (355 s); GPU_CHECK_LIMIT_<stage> (seconds, e.g.
 # GPU_CHECK_LIMIT_bench=200); GPU_CHECK_ONLY / GPU_CHECK_SKIP ("bench mixed": stages to run / not to run);
 # PYDTNN_GPU_CONV=frontend|legacy. Dry run only: GPU_CHECK_DRY_SLEEP ("conformance=3 mnist=1": seconds a
 # stage's stand-in body sleeps, to exercise the limits).
@@ -34,14 +36,14 @@ OUT="${OUT:-$REPO/out/gpu_check}"
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/pydtnn-gpu-check.XXXXXX)
 PY="${PYTHON:-python3}"
-BUDGET="${GPU_CHECK_BUDGET:-340}"
+BUDGET="${GPU_CHECK_BUDGET:-355}"
 ONLY=" ${GPU_CHECK_ONLY:-} "
 SKIP=" ${GPU_CHECK_SKIP:-} "
 MNIST="tests/data/mnist-t10k"
 SUMMARY="$OUT/summary.txt"
 LOG="$OUT/gpu_check.log"
 HIST="$OUT/histories.json"
-STAGES=(versions:20 conformance:70 bench:140 mixed:60 mnist:15 resume:15 nccl:10)
+STAGES=(versions:20 conformance:70 bench:140 loop:30 mixed:50 mnist:15 resume:15 nccl:10)
 START=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export PYTHONPATH="$REPO:$REPO/scripts:/tmp/pydtnn-gpu-site${PYTHONPATH:+:$PYTHONPATH}"
@@ -108,6 +110,10 @@ dry_stage() {   # a stage in a dry run (no GPU here): what of it can be checked 
             "$PY" -c "from pydtnn import Model; from pydtnn.models import build_model
 for name in ('resnet50_imagenet', 'vgg16_imagenet'): build_model(name, Model(), input_shape=(3, 32, 32))" \
                 || return 1 ;;
+        loop)            # bench_loop.py's own imports
+            dry_imports bench_loop bench_gpu pydtnn.training.loop pydtnn.parallel.lagged_step \
+                pydtnn.backends.gpu.readback || return 1
+            "$PY" scripts/bench_loop.py --help > /dev/null || return 1 ;;
         mixed)           # the FPM check's imports and its policy
             dry_imports pydtnn.cli pydtnn.parallel.policies || return 1
             "$PY" scripts/fpm_device_check.py --help > /dev/null || return 1 ;;
@@ -289,6 +295,13 @@ EOF
     return $rc
 }
 
+do_loop() {
+    # the launcher's loop on one GPU (ResNet-50, batch 64, TF32): a step's numbers read a step late (the
+    # default) against read at its end, and the bare step beside them (issue 36, item 3)
+    "$PY" scripts/bench_loop.py --model resnet50_imagenet --batch 64 --precision tf32 --steps_per_epoch 8 \
+        --epochs 3 --jsonl "$OUT/bench.jsonl"
+}
+
 do_resume() {
     # vgg3do has dropout: bit-exact needs the GPU generator's state in the checkpoint, deterministic cuDNN
     # plans and no autotuning (two processes could pin different plans)
@@ -327,7 +340,7 @@ do_mixed() {
 }
 
 export PY OUT WORK MNIST HIST REPO
-export -f conformance_args do_versions do_conformance do_nccl do_mnist do_bench do_resume do_mixed dry_stage dry_imports merge_history
+export -f conformance_args do_versions do_conformance do_nccl do_mnist do_bench do_loop do_resume do_mixed dry_stage dry_imports merge_history
 limits=""
 total=0
 for s in "${STAGES[@]}"; do

@@ -33,6 +33,7 @@ Kernel conventions
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,6 +96,17 @@ class HostInputs:
         pass
 
 
+class ReadScalars:
+    """Numbers read already (`Backend.read_scalars_later` of a backend that runs as it is called)."""
+    __slots__ = ("values",)
+
+    def __init__(self, values):
+        self.values = values
+
+    def result(self) -> np.ndarray:
+        return self.values
+
+
 class Backend:
     """Methods every backend implements. See the module docstring for the conventions."""
     name: str
@@ -131,6 +143,25 @@ class Backend:
         xp = self.xp
         return np.asarray(self.to_numpy(xp.stack([xp.asarray(v, dtype=np.float64).reshape(()) for v in values])),
                           dtype=np.float64)
+
+    # --- the host a step ahead of the device ---------------------------------------------------------
+    # asynchronous: work is queued on a device and runs later, so the launcher's loop reads a step's loss,
+    # metrics and compute time one step late and never waits for the device inside a step
+    # (`pydtnn.training.lagged_steps`); False where work runs as it is called (NumPy)
+    asynchronous = False
+
+    def read_scalars_later(self, values):
+        """`read_scalars` begun now, its numbers given by the handle's `result()` (which then waits, if the
+        device has not got there yet). Here (host memory) read at once."""
+        return ReadScalars(self.read_scalars(values))
+
+    def mark(self):
+        """A point in this backend's work; `seconds_between` two of them, once the later one is reached (a
+        GPU's: device time, by events; here the host's clock, the work being done when called)."""
+        return time.perf_counter()
+
+    def seconds_between(self, start, end) -> float:
+        return end - start
 
     def to_internal(self, x_nchw):         # 4-D user NCHW -> internal layout (may be a view)
         raise NotImplementedError

@@ -125,7 +125,11 @@ class StepTimer:
         return self._timed(name, None, category, args)
 
     def end_step(self) -> None:
-        self.stats.add_step(self._samples, self._compute, self._wait)
+        self.add_step(self._samples, self._compute, self._wait)
+
+    def add_step(self, samples: int, compute_s: float, wait_s: float) -> None:
+        """A step's totals given (a lagged step's compute time is the device's, read a step later)."""
+        self.stats.add_step(samples, compute_s, wait_s)
         self._step += 1
 
     @property

@@ -23,9 +23,9 @@ replica a policy gives 0 samples (`allow_zero`) computes nothing and adds a zero
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
-
-
 
 from pydtnn.clipping import check_max_norm, clip_by_global_norm
 from pydtnn.errors import PyDTNNError, ShapeError
@@ -35,6 +35,7 @@ from pydtnn.observe.timing import StepTimer
 from pydtnn.parallel import balance, policy_calls
 from pydtnn.parallel.comm import BucketedReducer, make_comm
 from pydtnn.parallel.policies import make_policy
+from pydtnn.parallel.lagged_step import LaggedStep
 from pydtnn.parallel.step_record import StepRecord
 from pydtnn.parallel.step_report import StepReport, StepReports
 from pydtnn.parallel.sync_batchnorm import BatchNormSync
@@ -179,29 +180,41 @@ class DataParallel:
         self.optimizer.step(self.model.params, self.model.grads)
 
     # --- the step protocol -----------------------------------------------------------------------------
-    def step(self, x, y, weight, share, *, gradients=None, metric_fns=(), data_error=False, flags=None) -> StepRecord:
+    def step(self, x, y, weight, share, *, gradients=None, metric_fns=(), data_error=False, flags=None,
+             lagged=False) -> StepRecord:
         """One step on this rank's b_i samples (x, and y on the device), 1. to 4. of the module's protocol;
         returns the record every rank agrees on. `weight`: this replica's w_i; `share`: b_i / the step's
         samples (the loss and `metric_fns` are reported b_i-weighted whatever the gradient weighting);
-        `gradients(x, y, weight)`: forward + backward (default `local_gradients`); `data_error` and the
-        flags `flags()` returns (read after the update: a signal during the step counts in it) are agreed
-        on with the record."""
+        `gradients(x, y, weight)`: forward + backward (default `local_gradients`; with `lagged` one that does
+        not wait for the device); `data_error` and the flags `flags()` returns (read after the update: a
+        signal during the step counts in it) are agreed on with the record. `lagged` (one replica): nothing
+        waits for the device; returns a `LaggedStep`, its flags known, its record read by `settled()`."""
         b_i = len(x)
-        gradients = (gradients or self.local_gradients) if b_i else self.no_samples
+        if lagged and self.nreplicas > 1:
+            raise ValueError("a lagged step needs one replica: several reduce their records every step")
+        gradients = ((gradients or functools.partial(self.local_gradients, sync=not lagged)) if b_i
+                     else self.no_samples)
+        backend = self.model.backend
         self.timer.start_step(b_i)
+        start = backend.mark() if lagged else None
         with self.timer.compute(None):       # the layers' own events show it when tracing
             value, y_pred = gradients(x, y, weight)
+        end = backend.mark() if lagged else None
         with self.timer.wait("allreduce", bytes=0 if self.nreplicas == 1 else int(self.model.grads.nbytes)):
             self.reduce()
         with self.timer.phase("update", category="update"):
             self.update()
         # the loss and metrics stayed on the device through the step: one read of them all, at its end
         values = [value] + ([f(y_pred, y) for f in metric_fns] if b_i else [0.0] * len(metric_fns))
-        weighted = self.model.backend.read_scalars(values) * share
+        flags = dict(data_error=data_error, **(flags() if flags is not None else {}))
+        if lagged:
+            return LaggedStep(self, backend.read_scalars_later(values), share, b_i, start, end,
+                              self.timer.step_wait_s, flags, len(metric_fns))
+        weighted = backend.read_scalars(values) * share
         mine = StepRecord.of_replica(self.rank, self.nreplicas, weighted,
                                      self.timer.step_compute_s / b_i if b_i else float("nan"),
                                      self.timer.step_wait_s,      # not the wait of this record's own reduction
-                                     data_error=data_error, **(flags() if flags is not None else {}))
+                                     **flags)
         packed = mine.pack()
         with self.timer.wait("stats allreduce", bytes=int(packed.nbytes)):
             self.comm.allreduce_sum_(packed)

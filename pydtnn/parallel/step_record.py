@@ -39,6 +39,10 @@ class StepRecord:
         compute[rank], wait[rank] = compute_s_per_sample, wait_s
         return cls(weighted[0], weighted[1:], compute, wait, **flags)
 
+    def settled(self) -> StepRecord:
+        """The record itself (its numbers were read at its step's end; a `LaggedStep` reads them later)."""
+        return self
+
     @property
     def means(self) -> np.ndarray:
         """[loss, *metrics] as one array (what an epoch's sums add up)."""

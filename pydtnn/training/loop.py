@@ -119,6 +119,11 @@ class Trainer(OutputRescue, EpochReport):
         self.layer_profile = self.insight.layer_profile      # --profile_layers: the per-layer time table
         self.tokens_per_sample = tokens_per_sample(dataset, self.loss)   # a language model's: tokens/s, perplexity
         self.run_first_step = None        # (seconds, samples) of this run's first step: it compiles, left out of rates
+        self.lagged = (model.backend.asynchronous and self.nreplicas == 1 and not emulator.active
+                       if run.lagged_reads is None else bool(run.lagged_reads))
+        if self.lagged and self.nreplicas > 1:
+            raise ConfigError("lagged_reads needs one replica (several reduce their step records every step)")
+        self.step_runner.lagged = self.lagged
 
     # the split in force and the clipping count live in the engine (self.dp); the checkpoint cadence and the
     # stop the ranks agreed on in self.checkpoints
@@ -216,22 +221,15 @@ class Trainer(OutputRescue, EpochReport):
         t0 = time.perf_counter()
         self.epoch_sums, self.epoch_samples = sums, samples        # the progress bar's running means
         callbacks = self._callbacks()
-        for step in range(first_step, self.steps_per_epoch):
-            global_step = epoch * self.steps_per_epoch + step
-            call(callbacks, "on_batch_begin", self, global_step)
-            rate = self.optimizer.learning_rate        # the rate this step trains with
-            sizes = balance.step_sizes(step, self.global_batch, self.sizes, n, self.steps_per_epoch_arg)
-            idx = balance.shard(order, step, self.global_batch, self.sizes, self.rank, n, self.steps_per_epoch_arg)
-            nxt = (balance.shard(order, step + 1, self.global_batch, self.sizes, self.rank, n,
-                                 self.steps_per_epoch_arg) if step + 1 < self.steps_per_epoch else None)
-            self.insight.begin_step(global_step + 1, len(idx))
-            self.step_runner.emulator.step = global_step            # --emulate_schedule's clock
-            t_step = time.perf_counter()
-            record = self.train_step(idx, epoch, sizes, nxt)
-            step_s = time.perf_counter() - t_step
+
+        def settle(launched, seconds):
+            """What follows a step once its numbers are read: the checks, sums, callbacks, the policy."""
+            nonlocal samples, sums
+            global_step, step, sizes, rate, handle = launched
+            record = handle.settled()
             if self.run_first_step is None:
-                self.run_first_step = (step_s, sum(sizes))
-            timing = self.insight.end_step(sizes, record, step_s)
+                self.run_first_step = (seconds, sum(sizes))
+            timing = self.insight.end_step(sizes, record, seconds)
             if not math.isfinite(record.loss):
                 raise NumericalError(f"the loss became {record.loss} at epoch {epoch + 1}, step {step + 1}: "
                                      f"training diverged (try a lower --learning_rate)")
@@ -244,9 +242,40 @@ class Trainer(OutputRescue, EpochReport):
                   "learning_rate": rate, "batch_size": step_total, **timing})
             self.dp.after_step(global_step, record, sizes)
             self.last_point = (epoch, step + 1, sums.copy(), samples)
-            if record.output_failed and step + 1 < self.steps_per_epoch:
+
+        # lagged (a GPU, one replica): a step's numbers are read after the next step is queued, so the
+        # device always has work; a step is settled at once where the loop acts on it (the epoch's end, a
+        # checkpoint, a failed output), so every checkpoint holds whole steps
+        pending = None
+        for step in range(first_step, self.steps_per_epoch):
+            global_step = epoch * self.steps_per_epoch + step
+            call(callbacks, "on_batch_begin", self, global_step)
+            rate = self.optimizer.learning_rate        # the rate this step trains with
+            sizes = balance.step_sizes(step, self.global_batch, self.sizes, n, self.steps_per_epoch_arg)
+            idx = balance.shard(order, step, self.global_batch, self.sizes, self.rank, n, self.steps_per_epoch_arg)
+            nxt = (balance.shard(order, step + 1, self.global_batch, self.sizes, self.rank, n,
+                                 self.steps_per_epoch_arg) if step + 1 < self.steps_per_epoch else None)
+            self.insight.begin_step(global_step + 1, len(idx))
+            self.step_runner.emulator.step = global_step            # --emulate_schedule's clock
+            t_step = time.perf_counter()
+            try:
+                handle = self.train_step(idx, epoch, sizes, nxt)
+            except BaseException:
+                if pending is not None:         # the outputs then hold every step before the failing one
+                    settle(pending[0], time.perf_counter() - pending[1])
+                raise
+            if pending is not None:
+                settle(pending[0], t_step - pending[1])
+            pending = ((global_step, step, sizes, rate, handle), t_step)
+            last = step + 1 == self.steps_per_epoch
+            due = not last and self.checkpoints.due(epoch, step, self.steps_per_epoch)
+            if self.lagged and not (last or due or handle.output_failed):
+                continue
+            settle(pending[0], time.perf_counter() - t_step)
+            pending = None
+            if handle.output_failed and not last:
                 self.agree_on_outputs()          # raises on every rank: fit's rescue follows
-            if step + 1 < self.steps_per_epoch and self.checkpoints.due(epoch, step, self.steps_per_epoch):
+            if due:
                 self._step_checkpoint(epoch, step + 1, trainer_state.partial_epoch(self, sums, samples))
         self.dp.average_running_stats()
         return self._epoch_logs(epoch, sums, samples, time.perf_counter() - t0)

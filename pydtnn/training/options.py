@@ -43,6 +43,10 @@ class Loop:
     schedulers: Any = ()
     callbacks: Any = ()
     eval_batch_size: Any = None
+    # a step's loss, metrics and compute time read one step late, the host never waiting for the device
+    # inside a step (pydtnn.parallel.lagged_step); None: where the backend is asynchronous (a GPU) and the
+    # run has one replica, without --emulate_speeds
+    lagged_reads: Any = None
 
 
 @dataclass

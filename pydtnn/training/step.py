@@ -38,6 +38,7 @@ class TrainerStep:
         self.plan_guard = None          # what guard_plans measured ({}: nothing to compare)
         self.prefetcher = BatchPrefetcher(self.take)
         self._side_depth = 0
+        self.lagged = False             # the Trainer's: steps read a step late (`pydtnn.parallel.lagged_step`)
 
     # --- this rank's batch ------------------------------------------------------------------------------
     def take(self, indices, epoch):
@@ -106,7 +107,7 @@ class TrainerStep:
         timer = self.dp.timer
         start = self.emulator.clock()
         waited = timer.step_wait_s
-        value, y_pred = self.dp.local_gradients(x, y, weight, overlap)
+        value, y_pred = self.dp.local_gradients(x, y, weight, overlap, sync=not self.lagged)
         if self.emulator.active:        # the emulated compute excludes the waits in it (synchronized BatchNorm)
             with self.span("emulated slowdown", "backward"):
                 self.emulator.pad(start + (timer.step_wait_s - waited), len(x))
@@ -125,8 +126,9 @@ class TrainerStep:
 
     # --- one step ---------------------------------------------------------------------------------------
     def run(self, indices, epoch, step_sizes, next_indices=None, flags=None):
-        """The step on this rank's `indices` of a step of `step_sizes`; returns the agreed StepRecord.
-        `flags()`: this rank's preemption flags (`DataParallel.step`)."""
+        """The step on this rank's `indices` of a step of `step_sizes`; returns the agreed StepRecord (with
+        `lagged`, a LaggedStep whose flags are known and whose record is read later). `flags()`: this rank's
+        preemption flags (`DataParallel.step`)."""
         with self.dp.timer.phase("data", category="data"):
             ticket, data_error = self.batch(indices, epoch, next_indices)
             x, y = self.inputs.get(ticket)
@@ -134,7 +136,8 @@ class TrainerStep:
         weight = self.dp.weight(step_sizes)
         self.calibrate_emulation(x, y, weight)          # before the step's timer: not its compute
         record = self.dp.step(x, y, weight, len(indices) / sum(step_sizes), gradients=self.local_gradients,
-                              metric_fns=self.metric_fns, data_error=data_error is not None, flags=flags)
+                              metric_fns=self.metric_fns, data_error=data_error is not None, flags=flags,
+                              lagged=self.lagged)
         self.guard_plans(x, y, weight)
         self.inputs.done(ticket)
         if record.data_error:

@@ -10,13 +10,15 @@ Kinds counted (`Counts.n`):
   ufunc, a reduction, a copy, a fill, an indexed assignment...; a view is free);
 - "cudnn", "cublas": NVIDIA's kernels (convolutions; matrix products);
 - "alloc": a device allocation (an array with fresh memory; views are free);
-- "sync": an explicit synchronization (device, stream or event);
+- "sync": an explicit synchronization that drains the device (device, stream, or an event with nothing
+  queued after it); "sync_queued": a wait for an event that later kernels are queued behind (the device keeps
+  working through it: the lagged read of a step's numbers, `pydtnn.parallel.lagged_step`);
 - "d2h": a blocking device-to-host read (`get()` without a stream, `float()`, `int()`, `bool()`, `item()`...);
   "d2h_async": `get(stream=..., out=pinned)`;
 - "h2d_pageable" (and "h2d_pageable_main" when on the main thread): a copy from ordinary host memory, which
   blocks the thread; "h2d_pinned": `set(pinned, stream=...)`, asynchronous on that stream.
 `Counts.kernels` lists "kind:name" of every launch in order (steps of one static shape should repeat it).
-"sync_main" and "d2h_main" count those of the main thread alone (the prefetch thread may wait for its own
+"sync_main", "sync_queued_main" and "d2h_main" count those of the main thread alone (the prefetch thread may wait for its own
 copies without stalling the steps). `phase(name)` counts what the thread that entered it does inside it
 separately (`Counts.phases[name]`).
 """
@@ -43,7 +45,7 @@ class Counts:
     def record(self, kind: str, name: str = "") -> None:
         self.n[kind] += 1
         main = on_main_thread()
-        if kind in ("sync", "d2h") and main:
+        if kind in ("sync", "sync_queued", "d2h") and main:
             self.n[kind + "_main"] += 1
         if kind in KERNEL_KINDS:
             self.kernels.append(f"{kind}:{name}")
@@ -54,7 +56,12 @@ class Counts:
 ACTIVE = Counts()
 
 
+LAUNCHED = [0]                  # kernels launched by the process so far (an event's place in the queue)
+
+
 def record(kind: str, name: str = "") -> None:
+    if kind in KERNEL_KINDS:
+        LAUNCHED[0] += 1
     ACTIVE.record(kind, name)
 
 

@@ -156,10 +156,13 @@ class Event:
             raise TypeError(f"Event.record takes a Stream, got {type(stream).__name__}")
         self.recorded = True
         self.time_ms = _Clock.now_ms
+        self.launched = counters.LAUNCHED[0]        # its place in the queue
         CALLS.append(("record", (stream or _NULL_STREAM).ptr, id(self)))
 
     def synchronize(self):
-        counters.record("sync")
+        # kernels launched after this event's record: the wait leaves them queued (the device keeps working)
+        queued = self.recorded and counters.LAUNCHED[0] > self.launched
+        counters.record("sync_queued" if queued else "sync")
 
     @property
     def done(self):

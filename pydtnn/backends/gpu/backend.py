@@ -77,6 +77,7 @@ class GPUBackend(ConvolutionOps, BatchNormOps, PoolingOps, ElementwiseOps, Backe
         self.kernels = kernels
         self._fns = {}
         self._buffers = {}
+        self._readback = None              # the side stream of the lagged reads, made at the first
         self._unused_index = None
         self.seed(seed)
         from pydtnn.backends.gpu.cudnn import ConvRunner
@@ -121,6 +122,26 @@ class GPUBackend(ConvolutionOps, BatchNormOps, PoolingOps, ElementwiseOps, Backe
 
     def synchronize(self) -> None:
         self.xp.cuda.runtime.deviceSynchronize()
+
+    # --- the host a step ahead (contract: `asynchronous`) -----------------------------------------------
+    asynchronous = True
+
+    def read_scalars_later(self, values):
+        """The scalars stacked on the device and copied to pinned memory on a side stream (`readback`)."""
+        if self._readback is None:
+            from pydtnn.backends.gpu.readback import Readback
+            self._readback = Readback(self.xp, self.device)
+        xp = self.xp
+        return self._readback.start(xp.stack([xp.asarray(v, dtype=np.float64).reshape(()) for v in values]))
+
+    def mark(self):
+        """An event recorded on the compute stream."""
+        event = self.xp.cuda.Event()
+        event.record(self.xp.cuda.get_current_stream())
+        return event
+
+    def seconds_between(self, start, end) -> float:
+        return self.xp.cuda.get_elapsed_time(start, end) / 1e3
 
     def conv_report(self) -> dict:
         """Which cuDNN implementation serves which convolution, with which plans (and why the legacy API)."""

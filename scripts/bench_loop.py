@@ -1,0 +1,103 @@
+#!/usr/bin/env python
+"""The launcher's training step on a GPU: its loop (`Trainer`) with each step's numbers read a step late (the
+default with one replica: `pydtnn.parallel.lagged_step`) and read at each step's end, beside the bare step of
+`scripts/bench_gpu.py` (forward, backward and update, nothing read).
+
+    python scripts/bench_loop.py                          # resnet50_imagenet, batch 64, tf32
+    python scripts/bench_loop.py --model vgg16_imagenet --precision fp32 --epochs 4
+
+Per mode, ms per step: the median over the steps of every epoch after the first (plans built, buffers
+allocated), timed from one step's on_batch_begin to the next's (a step's whole host and device work);
+the modes alternate epoch by epoch on one model. "loop overhead" is a mode's step over the bare one's: the
+host time per step the device waits for. One JSON line per mode goes to --jsonl.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+class StepClock:
+    """perf_counter at every on_batch_begin, and at the end of training."""
+
+    def __init__(self):
+        self.marks = []
+
+    def on_batch_begin(self, trainer, step):
+        self.marks.append(time.perf_counter())
+
+    def on_train_end(self, trainer):
+        self.marks.append(time.perf_counter())
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="resnet50_imagenet")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--precision", default="tf32")
+    p.add_argument("--steps_per_epoch", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=3, help="epochs per mode; the first is warm-up")
+    p.add_argument("--jsonl", default=None)
+    a = p.parse_args(argv)
+
+    from bench_gpu import block_ms
+    from pydtnn import Model
+    from pydtnn.backends.gpu.backend import GPUBackend
+    from pydtnn.datasets import from_arrays
+    from pydtnn.models import build_model
+    from pydtnn.optimizers import SGD
+    from pydtnn.parallel import DataParallel
+    from pydtnn.training.loop import Trainer
+
+    be = GPUBackend(dtype="float32", seed=0, precision=a.precision, auto_conv_alg=False)
+    model = build_model(a.model, Model(backend=be, seed=0))
+    nclasses, shape = model.output_shape[0], tuple(model.input_shape)
+    n = a.batch * a.steps_per_epoch
+    rng = np.random.default_rng(0)
+    data = from_arrays(rng.random((n,) + shape, dtype=np.float32), rng.integers(0, nclasses, n))
+    optimizer = SGD(learning_rate=0.01, momentum=0.9)
+
+    clocks = {"lagged": StepClock(), "read at end": StepClock()}
+    trainers = {mode: Trainer(model, data, optimizer, global_batch=a.batch, progress=False, seed=0,
+                              callbacks=[clock], lagged_reads=(mode == "lagged"), log=lambda msg: None)
+                for mode, clock in clocks.items()}
+    per_step = {mode: [] for mode in clocks}
+    for epoch in range(a.epochs):
+        for mode, trainer in trainers.items():
+            clock = clocks[mode]
+            clock.marks = []
+            trainer.fit(1)
+            if epoch:                                   # the first epoch builds plans and buffers
+                per_step[mode] += list(np.diff(clock.marks) * 1e3)
+    x = be.asarray(rng.random((a.batch,) + shape, dtype=np.float32))
+    y = be.asarray(np.eye(nclasses, dtype=np.float32)[rng.integers(0, nclasses, a.batch)])
+    dp = DataParallel(model, optimizer, global_batch=a.batch)
+
+    def bare():
+        dp.local_gradients(x, y, 1.0, sync=False)
+        dp.update()
+    bare_ms = statistics.median(block_ms(bare, a.steps_per_epoch, be.synchronize) for _ in range(a.epochs))
+    print(f"{a.model} batch {a.batch} {a.precision}: bare step {bare_ms:.2f} ms")
+    for mode, times in per_step.items():
+        ms = statistics.median(times)
+        row = {"model": a.model, "batch": a.batch, "precision": a.precision, "mode": mode, "step_ms": ms,
+               "bare_ms": bare_ms, "overhead_ms": ms - bare_ms, "steps": len(times),
+               "lagged": trainers[mode].lagged}
+        print(f"  loop, {mode}: {ms:.2f} ms per step ({len(times)} steps), loop overhead {ms - bare_ms:+.2f} ms "
+              f"({100 * (ms - bare_ms) / bare_ms:+.1f}%)")
+        if a.jsonl:
+            with open(a.jsonl, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    lag, now = (statistics.median(per_step[m]) for m in ("lagged", "read at end"))
+    print(f"RESULT: {a.model} {a.precision} b={a.batch}: bare {bare_ms:.1f} ms, loop lagged {lag:.1f} ms, "
+          f"read at end {now:.1f} ms (lagged: {now / lag:.3f}x the steps per second)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
