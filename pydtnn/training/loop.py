@@ -3,8 +3,10 @@
 Every rank runs the same number of global steps whatever the split and the dataset size (collectives match).
 A step: this rank's b_i samples of the epoch's shared order (`balance.shard`), the engine's step protocol
 (`pydtnn.parallel.DataParallel.step`) with the loop's side of it (`pydtnn.training.step`: the prefetched
-batch, --emulate_speeds, the metrics), the callbacks' `on_batch_end` with what every rank agreed on, the
-balance policy, then a full checkpoint if the ranks agreed on one (`pydtnn.training.preemption`).
+batch, --emulate_speeds, the metrics), then, once its numbers are read (`pydtnn.training.step_settle`: at its
+end, or a step later on a GPU: `pydtnn.parallel.lagged_step`), the callbacks' `on_batch_end` with what every
+rank agreed on and the balance policy, then a full checkpoint if the ranks agreed on one
+(`pydtnn.training.preemption`).
 Nothing trained is lost when an output fails: the writers never raise into the loop nor enter a collective of
 their own; the ranks agree on a failure after the step (a flag in its record) or at the epoch's end, and every
 rank stops there together and writes the full checkpoint of that point (`Trainer.rescue`).
@@ -14,13 +16,12 @@ speed probe: `pydtnn.training.probe`; its own callbacks: `pydtnn.training.loop_c
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 
 import numpy as np
 
 from pydtnn.callbacks import call
-from pydtnn.errors import ConfigError, NumericalError, OutputError
+from pydtnn.errors import ConfigError, OutputError
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
 from pydtnn.observe.timing import ReplicaStats, StepTimer, Timeline, write_chrome_trace
@@ -39,12 +40,13 @@ from pydtnn.training.preemption import Preempted, StepCheckpoints
 from pydtnn.training.probe import probe_split
 from pydtnn.training.step import TrainerStep
 from pydtnn.training.step_insight import StepInsight
+from pydtnn.training.step_settle import StepSettle
 from pydtnn.training.tokens import tokens_per_sample
 
 __all__ = ["Trainer", "Preempted"]
 
 
-class Trainer(OutputRescue, EpochReport):
+class Trainer(OutputRescue, EpochReport, StepSettle):
     """The training loop. Callbacks (`pydtnn.callbacks`, where their order is fixed): the schedulers, the
     user's `callbacks`, then the loop's own history file and progress bar (`pydtnn.training.loop_callbacks`).
     The checkpoint cadence and preemption are no callbacks (`pydtnn.training.preemption`): they act on the
@@ -219,29 +221,8 @@ class Trainer(OutputRescue, EpochReport):
             samples = trainer_state.resume_partial_epoch(self.resumed_partial, sums, self.stats, self.rank,
                                                          self.nreplicas)
         t0 = time.perf_counter()
-        self.epoch_sums, self.epoch_samples = sums, samples        # the progress bar's running means
+        self.epoch_sums, self.epoch_samples = sums, samples   # the progress bar's running means (_settle's)
         callbacks = self._callbacks()
-
-        def settle(launched, seconds):
-            """What follows a step once its numbers are read: the checks, sums, callbacks, the policy."""
-            nonlocal samples, sums
-            global_step, step, sizes, rate, handle = launched
-            record = handle.settled()
-            if self.run_first_step is None:
-                self.run_first_step = (seconds, sum(sizes))
-            timing = self.insight.end_step(sizes, record, seconds)
-            if not math.isfinite(record.loss):
-                raise NumericalError(f"the loss became {record.loss} at epoch {epoch + 1}, step {step + 1}: "
-                                     f"training diverged (try a lower --learning_rate)")
-            step_total = sum(sizes)
-            sums += record.means * step_total
-            samples += step_total
-            self.epoch_samples = samples
-            call(callbacks, "on_batch_end", self, global_step,
-                 {"loss": record.loss, **{m: float(v) for m, v in zip(self.metric_names, record.metrics)},
-                  "learning_rate": rate, "batch_size": step_total, **timing})
-            self.dp.after_step(global_step, record, sizes)
-            self.last_point = (epoch, step + 1, sums.copy(), samples)
 
         # lagged (a GPU, one replica): a step's numbers are read after the next step is queued, so the
         # device always has work; a step is settled at once where the loop acts on it (the epoch's end, a
@@ -262,23 +243,24 @@ class Trainer(OutputRescue, EpochReport):
                 handle = self.train_step(idx, epoch, sizes, nxt)
             except BaseException:
                 if pending is not None:         # the outputs then hold every step before the failing one
-                    settle(pending[0], time.perf_counter() - pending[1])
+                    self._settle(epoch, *pending[0], time.perf_counter() - pending[1], callbacks)
                 raise
             if pending is not None:
-                settle(pending[0], t_step - pending[1])
+                self._settle(epoch, *pending[0], t_step - pending[1], callbacks)
             pending = ((global_step, step, sizes, rate, handle), t_step)
             last = step + 1 == self.steps_per_epoch
             due = not last and self.checkpoints.due(epoch, step, self.steps_per_epoch)
             if self.lagged and not (last or due or handle.output_failed):
                 continue
-            settle(pending[0], time.perf_counter() - t_step)
+            self._settle(epoch, *pending[0], time.perf_counter() - t_step, callbacks)
             pending = None
             if handle.output_failed and not last:
                 self.agree_on_outputs()          # raises on every rank: fit's rescue follows
             if due:
-                self._step_checkpoint(epoch, step + 1, trainer_state.partial_epoch(self, sums, samples))
+                self._step_checkpoint(epoch, step + 1, trainer_state.partial_epoch(self, sums,
+                                                                                  self.epoch_samples))
         self.dp.average_running_stats()
-        return self._epoch_logs(epoch, sums, samples, time.perf_counter() - t0)
+        return self._epoch_logs(epoch, sums, self.epoch_samples, time.perf_counter() - t0)
 
     # --- evaluation -------------------------------------------------------------------------------------
     def evaluate(self, split):
