@@ -147,7 +147,7 @@ class Backend:
     # --- the host a step ahead of the device ---------------------------------------------------------
     # asynchronous: work is queued on a device and runs later, so the launcher's loop reads a step's loss,
     # metrics and compute time one step late and never waits for the device inside a step
-    # (`pydtnn.training.lagged_steps`); False where work runs as it is called (NumPy)
+    # (`pydtnn.parallel.lagged_step`); False where work runs as it is called (NumPy)
     asynchronous = False
 
     def read_scalars_later(self, values):

@@ -16,14 +16,14 @@ def physical_memory() -> int | None:
         return None
 
 
-def _gib(n: float) -> str:
+def gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
 def check_fits(nbytes: float, what: str, hint: str, memory: int | None = None) -> None:
     memory = physical_memory() if memory is None else memory
     if memory and nbytes > memory:
-        raise ConfigError(f"{what} needs about {_gib(nbytes)}, more than this machine's {_gib(memory)} of "
+        raise ConfigError(f"{what} needs about {gib(nbytes)}, more than this machine's {gib(memory)} of "
                           f"memory; {hint}")
 
 

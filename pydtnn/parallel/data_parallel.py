@@ -209,7 +209,7 @@ class DataParallel:
         flags = dict(data_error=data_error, **(flags() if flags is not None else {}))
         if lagged:
             return LaggedStep(self, backend.read_scalars_later(values), share, b_i, start, end,
-                              self.timer.step_wait_s, flags, len(metric_fns))
+                              self.timer.step_wait_s, flags)
         weighted = backend.read_scalars(values) * share
         mine = StepRecord.of_replica(self.rank, self.nreplicas, weighted,
                                      self.timer.step_compute_s / b_i if b_i else float("nan"),

@@ -19,9 +19,12 @@ from pydtnn.parallel.step_record import FLAGS, StepRecord
 
 
 class LaggedStep:
-    def __init__(self, engine, read, share, samples, start, end, wait_s, flags, nmetrics):
+    def __init__(self, engine, read, share, samples, start, end, wait_s, flags):
+        """`engine`: the DataParallel (its model's backend, its timer); `read`: the pending read of the step's
+        [loss, *metrics] (`Backend.read_scalars_later`); `share`: b_i / the step's samples; `start`, `end`:
+        marks around forward + backward (`Backend.mark`); `wait_s`: the step's waits; `flags`: this rank's."""
         self.engine, self.read, self.share, self.samples = engine, read, share, samples
-        self.start, self.end, self.wait_s, self.nmetrics = start, end, wait_s, nmetrics
+        self.start, self.end, self.wait_s = start, end, wait_s
         for flag in FLAGS:
             setattr(self, flag, bool(flags.get(flag, False)))
         self._record = None

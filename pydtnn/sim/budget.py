@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import time
 
-from pydtnn.launch.limits import _gib, check_fits
+from pydtnn.launch.limits import gib, check_fits
 
 BYTES_PER_REPLICA = 2048
 BASE_BYTES = 200 * 2**20              # the interpreter, NumPy and the profiles
@@ -51,7 +51,7 @@ def say_how_long(replicas: int, run_at, what: str, out=None) -> float | None:
         return None
     small = time.perf_counter() - t0
     seconds = small * replicas / ran
-    print(f"{what}: about {_duration(seconds)} and {_gib(BASE_BYTES + BYTES_PER_REPLICA * float(replicas))} of "
+    print(f"{what}: about {_duration(seconds)} and {gib(BASE_BYTES + BYTES_PER_REPLICA * float(replicas))} of "
           f"memory (the same run at {ran} replicas took {small:.2f} s on this machine)",
           file=out or sys.stderr, flush=True)
     return seconds
