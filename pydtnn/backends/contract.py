@@ -140,9 +140,12 @@ class Backend:
     def read_scalars(self, values):
         """Scalars of this backend (a loss, metrics: 0-d arrays or floats) as one float64 host array, in ONE
         device-to-host read: on a GPU the step's only wait for the device's results."""
+        return np.asarray(self.to_numpy(self.stacked_scalars(values)), dtype=np.float64)
+
+    def stacked_scalars(self, values):
+        """Scalars of this backend as one 1-D float64 array of this backend (what one read takes)."""
         xp = self.xp
-        return np.asarray(self.to_numpy(xp.stack([xp.asarray(v, dtype=np.float64).reshape(()) for v in values])),
-                          dtype=np.float64)
+        return xp.stack([xp.asarray(v, dtype=np.float64).reshape(()) for v in values])
 
     # --- the host a step ahead of the device ---------------------------------------------------------
     # asynchronous: work is queued on a device and runs later, so the launcher's loop reads a step's loss,

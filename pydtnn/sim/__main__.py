@@ -213,7 +213,7 @@ def _run(a):
     from pydtnn.sim import report
     from pydtnn.sim.budget import check_memory, progress_for, say_how_long
     from pydtnn.sim.engine import best_partition, simulate
-    from pydtnn.sim.layout import mix, node_layout, sweep_layouts
+    from pydtnn.sim.layout import node_layout, sweep_layouts
     P = a.replicas
     if a.steps_per_epoch < 0:
         raise ConfigError("--steps_per_epoch must be >= 0")
@@ -248,8 +248,7 @@ def _run(a):
             for at in layouts:
                 p = at.replicas
                 a.nodes = at.nodes
-                s = _scenario(a, p, pol, mix(profiles, p), mix(a.speed_factors, p))
-                s.replica_speeds = mix(a.replica_speeds, p)
+                s = _scenario_at(a, p, pol, profiles)
                 res = simulate(s, progress_for(p, a.steps, f"sweep: {pol}, {p} replicas"))
                 rows.append((p, res.step_seconds, res.epoch_seconds, report.scaling_efficiency(res), at.nodes))
             sweep[pol] = rows
@@ -272,20 +271,27 @@ def _run(a):
             print(f"plot written to {a.plot}")
 
 
+def _scenario_at(a, p, policy, profiles):
+    """The scenario of `p` replicas (a sweep point, a timing run) with the full cluster's mix: replica i takes
+    the profile, speed factor and speed of replica floor(i x P / p) (`layout.mix`)."""
+    from pydtnn.sim.layout import mix
+    s = _scenario(a, p, policy, mix(profiles, p), mix(a.speed_factors, p))
+    s.replica_speeds = mix(a.replica_speeds, p)
+    return s
+
+
 def _run_at(a, p, policy, profiles, layout, slots):
     """The run of `_run` at about `p` replicas, on nodes of as many ranks as the full run's (a multiple of them),
     the cluster's mix kept and the global batch scaled, to time it; returns the replicas it ran (None when
     that many cannot be laid out)."""
     from pydtnn.sim.engine import best_partition, simulate
-    from pydtnn.sim.layout import mix
     k = layout.ranks_per_node
     p = max(k, p // k * k)
     nodes = a.nodes
     try:
         a.nodes = p // k
         for pol, run in ((policy, simulate), ("equal", best_partition)):
-            s = _scenario(a, p, pol, mix(profiles, p), mix(a.speed_factors, p))
-            s.replica_speeds = mix(a.replica_speeds, p)
+            s = _scenario_at(a, p, pol, profiles)
             s.global_batch = max(p, a.global_batch_size * p // a.replicas)
             run(s)
         return p

@@ -25,9 +25,14 @@ ESTIMATE_FROM = 10**5                 # replicas: from here a run takes more tha
 ESTIMATE_AT = 10**4
 
 
+def needed_bytes(replicas: int) -> float:
+    """The memory a simulation of `replicas` takes at its peak."""
+    return BASE_BYTES + BYTES_PER_REPLICA * float(replicas)
+
+
 def check_memory(replicas: int) -> None:
     """One line, before anything is allocated, when a simulation of `replicas` cannot fit in memory."""
-    check_fits(BASE_BYTES + BYTES_PER_REPLICA * float(replicas), f"simulating {replicas} replicas",
+    check_fits(needed_bytes(replicas), f"simulating {replicas} replicas",
                "simulate fewer replicas (every replica's results are kept)")
 
 
@@ -51,7 +56,7 @@ def say_how_long(replicas: int, run_at, what: str, out=None) -> float | None:
         return None
     small = time.perf_counter() - t0
     seconds = small * replicas / ran
-    print(f"{what}: about {_duration(seconds)} and {gib(BASE_BYTES + BYTES_PER_REPLICA * float(replicas))} of "
+    print(f"{what}: about {_duration(seconds)} and {gib(needed_bytes(replicas))} of "
           f"memory (the same run at {ran} replicas took {small:.2f} s on this machine)",
           file=out or sys.stderr, flush=True)
     return seconds

@@ -18,8 +18,8 @@ Kinds counted (`Counts.n`):
 - "h2d_pageable" (and "h2d_pageable_main" when on the main thread): a copy from ordinary host memory, which
   blocks the thread; "h2d_pinned": `set(pinned, stream=...)`, asynchronous on that stream.
 `Counts.kernels` lists "kind:name" of every launch in order (steps of one static shape should repeat it).
-"sync_main", "sync_queued_main" and "d2h_main" count those of the main thread alone (the prefetch thread may wait for its own
-copies without stalling the steps). `phase(name)` counts what the thread that entered it does inside it
+"sync_main", "sync_queued_main" and "d2h_main" count those of the main thread alone (the prefetch thread may
+wait for its own copies without stalling the steps). `phase(name)` counts what the thread that entered it does inside it
 separately (`Counts.phases[name]`).
 """
 from __future__ import annotations

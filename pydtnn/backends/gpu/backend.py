@@ -131,8 +131,7 @@ class GPUBackend(ConvolutionOps, BatchNormOps, PoolingOps, ElementwiseOps, Backe
         if self._readback is None:
             from pydtnn.backends.gpu.readback import Readback
             self._readback = Readback(self.xp, self.device)
-        xp = self.xp
-        return self._readback.start(xp.stack([xp.asarray(v, dtype=np.float64).reshape(()) for v in values]))
+        return self._readback.start(self.stacked_scalars(values))
 
     def mark(self):
         """An event recorded on the compute stream."""
