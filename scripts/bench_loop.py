@@ -37,12 +37,12 @@ class StepClock:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="resnet50_imagenet")
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--precision", default="tf32")
-    p.add_argument("--steps_per_epoch", type=int, default=8)
+    p.add_argument("--model", default="resnet50_imagenet", help="a model of pydtnn.models")
+    p.add_argument("--batch", type=int, default=64, help="samples per step")
+    p.add_argument("--precision", default="tf32", help="tf32, fp32 or fp32_strict")
+    p.add_argument("--steps_per_epoch", type=int, default=8, help="steps timed per epoch")
     p.add_argument("--epochs", type=int, default=3, help="epochs per mode; the first is warm-up")
-    p.add_argument("--jsonl", default=None)
+    p.add_argument("--jsonl", default=None, help="append one JSON line per mode to this file")
     a = p.parse_args(argv)
 
     from bench_gpu import block_ms
