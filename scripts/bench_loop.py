@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """The launcher's training step on a GPU: its loop (`Trainer`) with each step's numbers read a step late (the
 default with one replica: `pydtnn.parallel.lagged_step`) and read at each step's end, beside the bare step of
-`scripts/bench_gpu.py` (forward, backward and update, nothing read).
+`scripts/bench_gpu.py` (forward, backward and update, nothing read), and lagged with the step's forward and
+backward replayed as a CUDA graph (`--cuda_graphs`: `pydtnn.training.step_graphs`).
 
     python scripts/bench_loop.py                          # resnet50_imagenet, batch 64, tf32
     python scripts/bench_loop.py --model vgg16_imagenet --precision fp32 --epochs 4
@@ -62,9 +63,11 @@ def main(argv=None) -> int:
     data = from_arrays(rng.random((n,) + shape, dtype=np.float32), rng.integers(0, nclasses, n))
     optimizer = SGD(learning_rate=0.01, momentum=0.9)
 
-    clocks = {"lagged": StepClock(), "read at end": StepClock()}
+    clocks = {"lagged": StepClock(), "read at end": StepClock(), "graphs": StepClock()}
+    said = []
     trainers = {mode: Trainer(model, data, optimizer, global_batch=a.batch, progress=False, seed=0,
-                              callbacks=[clock], lagged_reads=(mode == "lagged"), log=lambda msg: None)
+                              callbacks=[clock], lagged_reads=(mode != "read at end"),
+                              cuda_graphs=(mode == "graphs"), log=said.append)
                 for mode, clock in clocks.items()}
     per_step = {mode: [] for mode in clocks}
     for epoch in range(a.epochs):
@@ -88,14 +91,21 @@ def main(argv=None) -> int:
         row = {"model": a.model, "batch": a.batch, "precision": a.precision, "mode": mode, "step_ms": ms,
                "bare_ms": bare_ms, "overhead_ms": ms - bare_ms, "steps": len(times),
                "lagged": trainers[mode].lagged}
+        graphs = trainers[mode].step_runner.graphs
+        if graphs is not None:
+            row.update(captures=graphs.captures, replays=graphs.replays, graphs_off=graphs.off)
         print(f"  loop, {mode}: {ms:.2f} ms per step ({len(times)} steps), loop overhead {ms - bare_ms:+.2f} ms "
               f"({100 * (ms - bare_ms) / bare_ms:+.1f}%)")
         if a.jsonl:
             with open(a.jsonl, "a") as f:
                 f.write(json.dumps(row) + "\n")
-    lag, now = (statistics.median(per_step[m]) for m in ("lagged", "read at end"))
+    for line in said:
+        if "CUDA graphs" in line:
+            print(line)
+    lag, now, graphed = (statistics.median(per_step[m]) for m in ("lagged", "read at end", "graphs"))
     print(f"RESULT: {a.model} {a.precision} b={a.batch}: bare {bare_ms:.1f} ms, loop lagged {lag:.1f} ms, "
-          f"read at end {now:.1f} ms (lagged: {now / lag:.3f}x the steps per second)")
+          f"read at end {now:.1f} ms, graphs {graphed:.1f} ms (lagged: {now / lag:.3f}x the steps per second; "
+          f"graphs: {lag / graphed:.3f}x lagged's)")
     return 0
 
 

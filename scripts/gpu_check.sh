@@ -12,9 +12,9 @@
 # Stages, most useful first, each under its own `timeout` (capped by what is left of the budget), each
 # ending with one "RESULT:" line that goes to the console and to summary.txt as soon as it ends:
 #   versions 20 s (installs the carried wheel), conformance 70 s (pytest -k "gpu and not standin"),
-#   bench 140 s (ResNet-50 and VGG-16 at batch 64 in tf32, fp32, fp32_strict against PyTorch, with a kernel
-#   profile of each), loop 30 s (scripts/bench_loop.py: the launcher's ResNet-50 steps, their numbers read a
-#   step late and at each step's end, beside the bare step), mixed 50 s (scripts/fpm_device_check.py:
+#   bench 130 s (ResNet-50 and VGG-16 at batch 64 in tf32, fp32, fp32_strict against PyTorch, with a kernel
+#   profile of each), loop 40 s (scripts/bench_loop.py: the launcher's ResNet-50 steps, their numbers read a
+#   step late and at each step's end, and replayed as a CUDA graph, beside the bare step), mixed 50 s (scripts/fpm_device_check.py:
 #   gpu,cpu,cpu ResNet-20 balanced by the FPM), mnist 15 s, resume 15 s, nccl 10 s: 350 s of limits, budget
 #   355 s, so that a second run still fits in a 15-minute device session.
 # What comes back in $OUT (at most 5 files, no folders; the device returns at most 8):
@@ -43,7 +43,7 @@ MNIST="tests/data/mnist-t10k"
 SUMMARY="$OUT/summary.txt"
 LOG="$OUT/gpu_check.log"
 HIST="$OUT/histories.json"
-STAGES=(versions:20 conformance:70 bench:140 loop:30 mixed:50 mnist:15 resume:15 nccl:10)
+STAGES=(versions:20 conformance:70 bench:130 loop:40 mixed:50 mnist:15 resume:15 nccl:10)
 START=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export PYTHONPATH="$REPO:$REPO/scripts:/tmp/pydtnn-gpu-site${PYTHONPATH:+:$PYTHONPATH}"
@@ -112,7 +112,7 @@ for name in ('resnet50_imagenet', 'vgg16_imagenet'): build_model(name, Model(), 
                 || return 1 ;;
         loop)            # bench_loop.py's own imports
             dry_imports bench_loop bench_gpu pydtnn.training.loop pydtnn.parallel.lagged_step \
-                pydtnn.backends.gpu.readback || return 1
+                pydtnn.backends.gpu.readback pydtnn.training.step_graphs pydtnn.backends.gpu.graphs || return 1
             "$PY" scripts/bench_loop.py --help > /dev/null || return 1 ;;
         mixed)           # the FPM check's imports and its policy
             dry_imports pydtnn.cli pydtnn.parallel.policies || return 1

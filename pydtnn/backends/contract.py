@@ -107,6 +107,10 @@ class ReadScalars:
         return self.values
 
 
+class CaptureFailed(Exception):
+    """A call `Backend.capture` could not capture (the reason, one line); the caller runs it as it is."""
+
+
 class Backend:
     """Methods every backend implements. See the module docstring for the conventions."""
     name: str
@@ -165,6 +169,14 @@ class Backend:
 
     def seconds_between(self, start, end) -> float:
         return end - start
+
+    # --- graphs: a call captured once, replayed with one launch (`pydtnn.backends.gpu.graphs`) ---------------
+    graphs = False                         # whether `capture` can
+
+    def capture(self, fn, inputs):
+        """`fn(*inputs)` captured: `.replay(inputs)` runs it again on new inputs of the same shapes and returns
+        its outputs. CaptureFailed (the reason) where it cannot be; here always."""
+        raise CaptureFailed(f"the {self.name} backend has no graphs")
 
     def to_internal(self, x_nchw):         # 4-D user NCHW -> internal layout (may be a view)
         raise NotImplementedError

@@ -71,6 +71,12 @@ def configure(p, nreplicas: int, many_processes: bool = False) -> RunConfig:
             raise ConfigError(f"--devices needs one of cpu/gpu per replica ({P}), got {p.devices!r}")
     if p.enable_nccl and P > 1 and any(d != "gpu" for d in devices):
         raise ConfigError("--enable_nccl needs every replica on a GPU; mixed --devices reduce through MPI")
+    if p.cuda_graphs:
+        from pydtnn.training.step_graphs import refusal
+        why = refusal(P, devices.count("gpu"), p.non_blocking_mpi and data, p.sync_batchnorm and data,
+                      p.profile_layers)
+        if why:
+            raise ConfigError(why)
     if p.enable_conv_winograd and p.conv_algorithm == "direct":
         raise ConfigError("--enable_conv_winograd true contradicts --conv_algorithm direct")
     if p.replica_speeds and not (data and p.balance == "static"):
@@ -112,7 +118,7 @@ def _trace_steps(p):
 # command line, not from the checkpoint.
 EXECUTION_FLAGS = frozenset({
     "resume", "weights_and_bias_filename", "parallel", "threads_per_replica", "progress_bar", "profile",
-    "enable_gpu", "devices", "enable_nccl", "enable_gpudirect", "non_blocking_mpi", "precision",
+    "enable_gpu", "devices", "enable_nccl", "enable_gpudirect", "non_blocking_mpi", "precision", "cuda_graphs",
     "conv_algorithm", "enable_conv_winograd", "enable_cudnn_auto_conv_alg", "enable_conv_gemm",
     "enable_memory_cache", "tensor_format", "shared_storage", "download", "enable_fused_bn_relu",
     "enable_fused_conv_relu", "enable_fused_conv_bn", "enable_fused_conv_bn_relu", "enable_best_of", "overwrite",

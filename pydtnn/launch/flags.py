@@ -340,6 +340,9 @@ def _device_flags(g):
                    help="GPU float32 math: fp32 (no TF32, any cuDNN algorithm, as PyTorch with TF32 off), tf32 "
                         "(tensor cores, ~1e-3 relative error) or fp32_strict (no TF32, FFT or Winograd: errors near "
                         "float32 rounding)")
+    g.add_argument("--cuda_graphs", type=B, default=False,
+                   help="GPU replicas: capture a step's forward and backward as one CUDA graph after 2 warm-up steps "
+                        "and replay it (one launch a step; batches of another shape run as usual)")
 
 
 def _tracing_and_output_flags(g):

@@ -30,7 +30,7 @@ from pydtnn.parallel.comm import SerialComm, raise_together
 from pydtnn.parallel.data_parallel import DataParallel
 from pydtnn.parallel.emulation import SpeedEmulator
 from pydtnn.parallel.policies import make_policy
-from pydtnn.training import trainer_state
+from pydtnn.training import step_graphs, trainer_state
 from pydtnn.training.evaluation import evaluate_split
 from pydtnn.training.loop_callbacks import HistoryWriter, ProgressBar
 from pydtnn.training.options import grouped
@@ -126,6 +126,21 @@ class Trainer(OutputRescue, EpochReport, StepSettle):
         if self.lagged and self.nreplicas > 1:
             raise ConfigError("lagged_reads needs one replica (several reduce their step records every step)")
         self.step_runner.lagged = self.lagged
+        if run.cuda_graphs:
+            self.step_runner.graphs = self._step_graphs(model, par, out)
+
+    def _step_graphs(self, model, par, out):
+        """--cuda_graphs: this replica's StepGraphs (None on a CPU replica of a mixed job); ConfigError where
+        graphs cannot work (`step_graphs.refusal`)."""
+        gpus = (sum(d == "gpu" for d in par.devices) if par.devices else
+                self.nreplicas if model.backend.graphs else 0)
+        why = step_graphs.refusal(self.nreplicas, gpus, self.dp.reducer is not None, self.dp.sync_batchnorm,
+                                  out.profile_layers)
+        if why:
+            raise ConfigError(why)
+        prefix = "pydtnn: notice: " + (f"rank {self.rank}: " if self.nreplicas > 1 else "")
+        notice = out.log or (lambda line: print(prefix + line, flush=True))
+        return step_graphs.StepGraphs(model, self.loss, notice) if model.backend.graphs else None
 
     # the split in force and the clipping count live in the engine (self.dp); the checkpoint cadence and the
     # stop the ranks agreed on in self.checkpoints

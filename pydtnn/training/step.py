@@ -39,6 +39,7 @@ class TrainerStep:
         self.prefetcher = BatchPrefetcher(self.take)
         self._side_depth = 0
         self.lagged = False             # the Trainer's: steps read a step late (`pydtnn.parallel.lagged_step`)
+        self.graphs = None              # the Trainer's StepGraphs with --cuda_graphs (`pydtnn.training.step_graphs`)
 
     # --- this rank's batch ------------------------------------------------------------------------------
     def take(self, indices, epoch):
@@ -107,7 +108,10 @@ class TrainerStep:
         timer = self.dp.timer
         start = self.emulator.clock()
         waited = timer.step_wait_s
-        value, y_pred = self.dp.local_gradients(x, y, weight, overlap, sync=not self.lagged)
+        def eager():
+            return self.dp.local_gradients(x, y, weight, overlap, sync=not self.lagged)
+        value, y_pred = eager() if self.graphs is None else self.graphs.gradients(x, y, weight, eager,
+                                                                                  sync=not self.lagged)
         if self.emulator.active:        # the emulated compute excludes the waits in it (synchronized BatchNorm)
             with self.span("emulated slowdown", "backward"):
                 self.emulator.pad(start + (timer.step_wait_s - waited), len(x))

@@ -4,6 +4,11 @@ source compiled as C++ on the host, and cuDNN / NCCL stand-ins that check every 
 compute with the CPU backend. Passing tests here say the glue is right; they say nothing about NVIDIA's
 libraries or the hardware (GPU verification means a run on a GPU: scripts/gpu_check.sh).
 
+Modelled: device arrays (device_memory), kernels (host_kernels), cuDNN (fake_cudnn), NCCL (fake_nccl), what
+a step costs (counters: launches, allocations, synchronizations, transfers), and CUDA graphs (graphs: the
+thread-local current stream, stream capture that records instead of running and poisons fresh results,
+replay by `Graph.launch`, what a capture refuses, private memory pools and `using_allocator`).
+
     with gpu_standin.active():            # sys.modules["cupy"], ["cudnn"], ... are the stand-ins
         be = GPUBackend(dtype="float64")
 
@@ -16,10 +21,10 @@ import contextlib
 import os
 import sys
 
-from . import fake_cudnn, fake_cupy
+from . import fake_cudnn, fake_cupy, graphs
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
-_NAMES = ("cupyx", "cupy", "cupy.cuda", "cupy.cuda.runtime", "cupy.cuda.nccl", "cupy._core",
+_NAMES = ("cupyx", "cupy", "cupy.cuda", "cupy.cuda.runtime", "cupy.cuda.nccl", "cupy.cuda.graph", "cupy._core",
           "cupy._core._routines_linalg", "cudnn")
 
 
@@ -61,6 +66,9 @@ def active(frontend: str = "ok", decline_double: bool = False):
     finally:
         _restore(saved)
         fake_cudnn.SETTINGS.update(old)
+        left_open = graphs.reset()
+    if left_open:       # (not while an error propagates: that one says more)
+        raise AssertionError(f"stand-in: stream capture(s) left open at the end of the block: {left_open}")
 
 
 def install_for_process():

@@ -17,7 +17,11 @@ Kinds counted (`Counts.n`):
   "d2h_async": `get(stream=..., out=pinned)`;
 - "h2d_pageable" (and "h2d_pageable_main" when on the main thread): a copy from ordinary host memory, which
   blocks the thread; "h2d_pinned": `set(pinned, stream=...)`, asynchronous on that stream.
-`Counts.kernels` lists "kind:name" of every launch in order (steps of one static shape should repeat it).
+- "captured": work recorded into a CUDA graph during a stream capture instead of running (name
+  "kind:name", e.g. "launch:add", "cudnn:fprop"; it counts neither as its kind nor in `Counts.kernels`);
+  "graph_launch": one `Graph.launch` (a kernel kind: its replayed nodes are not counted again);
+`Counts.kernels` lists "kind:name" of every launch in order (steps of one static shape should repeat it;
+a graph launch is "graph_launch:graph").
 "sync_main", "sync_queued_main" and "d2h_main" count those of the main thread alone (the prefetch thread may
 wait for its own copies without stalling the steps). `phase(name)` counts what the thread that entered it does inside it
 separately (`Counts.phases[name]`).
@@ -28,9 +32,10 @@ import contextlib
 import threading
 from collections import Counter
 
-KERNEL_KINDS = ("launch", "cudnn", "cublas")
+KERNEL_KINDS = ("launch", "cudnn", "cublas", "graph_launch")
 # execute=False: kernels and cuDNN calls are checked and counted but not computed (their outputs keep
-# whatever memory held), so counting a large model's step costs no compute; CuPy operations still compute
+# whatever memory held), so counting a large model's step costs no compute; CuPy operations still compute.
+# A graph's replay follows the setting at replay time, node by node, the same way.
 SETTINGS = {"execute": True}
 
 

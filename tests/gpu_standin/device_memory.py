@@ -10,9 +10,12 @@
   ctypes refuse it too), and NumPy ufuncs and functions that mix it with a host `numpy.ndarray` (0-d
   included) raise TypeError, as CuPy's `Unsupported type <class 'numpy.ndarray'>`;
 - refuses assignment from a host array (`d[...] = host` is a ValueError in CuPy: it takes scalars and
-  device arrays only); host integer arrays as INDICES are accepted, as CuPy converts them;
+  device arrays only); host integer arrays as INDICES are accepted, as CuPy converts them (not in a capture);
 - registers every allocation, so a raw device pointer handed to the cuDNN or NCCL stand-in can be turned
   back into the memory it points into, with bounds checked (`find`).
+Every operation that writes device memory goes through `graphs` (`launch` for in-place ones, `fresh` for
+fresh results), which runs it now or records it into a stream capture; every allocation through
+`graphs.allocated` (the pool that serves it); every wait or blocking copy through `graphs.forbid`.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import weakref
 
 import numpy as np
 
-from . import counters
+from . import counters, graphs
 
 _ROOTS: dict[int, weakref.ref] = {}       # id -> a live NumPy array that owns a device allocation
 
@@ -91,11 +94,18 @@ def _operand(what, v):
     return unwrap_nested(v)
 
 
-def _index(key):
-    """Indices: device arrays unwrapped; host index arrays accepted (CuPy copies them to the device)."""
+def _index(key, reads=False):
+    """Indices: device arrays unwrapped; host index arrays accepted (CuPy copies them to the device: a
+    pageable copy, refused by a capture). `reads`: a boolean mask selects a count known only on the device."""
     if isinstance(key, tuple):
-        return tuple(_index(k) for k in key)
-    return key._a if isinstance(key, DeviceArray) else key
+        return tuple(_index(k, reads) for k in key)
+    if isinstance(key, DeviceArray):
+        if reads and key.dtype == np.bool_:
+            graphs.forbid("boolean-mask indexing: a result shaped by device values (read back to the host)")
+        return key._a
+    if isinstance(key, (np.ndarray, list)):
+        graphs.forbid("a host index array (copied to the device: a pageable host-to-device copy)")
+    return key
 
 
 # the ndarray methods a device array offers (results are device arrays)
@@ -119,12 +129,14 @@ class DeviceArray:
         self._a = a
         _register(a)
         if a.base is None:
+            graphs.allocated(a)
             counters.record("alloc")
         return self
 
     def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
         self._a = np.empty(shape, dtype=dtype, order=order)
         _register(self._a)
+        graphs.allocated(self._a)
         counters.record("alloc")
 
     # --- what NumPy must not do implicitly ---------------------------------------------------------
@@ -139,23 +151,26 @@ class DeviceArray:
         inputs = tuple(unwrap_nested(a) for a in inputs)
         if out:
             kwargs["out"] = tuple(unwrap_nested(a) for a in out)
-        result = getattr(ufunc, method)(*inputs, **kwargs)
-        counters.record("cublas" if ufunc.__name__ == "matmul" else "launch", ufunc.__name__)
-        if out:
-            return out[0] if len(out) == 1 else out
-        return wrap(result)
+        kind = "cublas" if ufunc.__name__ == "matmul" else "launch"
+        compute = lambda: getattr(ufunc, method)(*inputs, **kwargs)      # noqa: E731
+        if out or method == "at":                   # writes memory it is given
+            graphs.launch(kind, ufunc.__name__, compute)
+            return (out[0] if len(out) == 1 else out) if out else None
+        return wrap(graphs.fresh(kind, ufunc.__name__, compute, (inputs, kwargs)))
 
     def __array_function__(self, func, types, args, kwargs):
         refuse_host(f"numpy.{func.__name__}", args + tuple(kwargs.values()))
-        out = kwargs.get("out")
-        result = func(*unwrap_nested(args), **{k: unwrap_nested(v) for k, v in kwargs.items()})
-        count_result(func.__name__, result, out)
-        return out if isinstance(out, DeviceArray) else wrap(result)
+        return device_call(func.__name__, func, args, kwargs)
 
     # --- CuPy's host transfers ---------------------------------------------------------------------
     def get(self, stream=None, order="C", out=None):
-        counters.record("d2h_async" if stream is not None and out is not None and counters.is_pinned(out) else "d2h")
-        host = np.array(self._a, copy=True, order=order)
+        src = self._a
+        if stream is not None and out is not None and counters.is_pinned(out):    # asynchronous on `stream`
+            graphs.launch("d2h_async", "get", lambda: _copy_into(out, src, order), stream, strict=False)
+            return out
+        graphs.forbid("a blocking device-to-host copy (get)", stream)
+        counters.record("d2h")
+        host = np.array(src, copy=True, order=order)
         if out is not None:
             out[...] = host
             return out
@@ -166,8 +181,12 @@ class DeviceArray:
             raise TypeError(f"Only numpy.ndarray can be set to cupy.ndarray, got {type(arr).__name__}")
         if arr.shape != self._a.shape or arr.dtype != self._a.dtype:
             raise ValueError(f"set: shape/dtype mismatch {arr.shape} {arr.dtype} vs {self._a.shape} {self._a.dtype}")
+        dst = self._a
+        if stream is not None and counters.is_pinned(arr):      # asynchronous on `stream`: reads `arr` then
+            graphs.launch("h2d_pinned", "set", lambda: _copy_into(dst, arr), stream, strict=False)
+            return
         count_h2d(arr, stream)
-        self._a[...] = arr
+        dst[...] = arr
 
     @property
     def data(self):
@@ -184,13 +203,14 @@ class DeviceArray:
     def fill(self, value):
         if isinstance(value, np.ndarray) and value.ndim:
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
-        counters.record("launch", "fill")
-        self._a.fill(to_base(value) if isinstance(value, DeviceArray) else value)
+        a, value = self._a, to_base(value)
+        graphs.launch("launch", "fill", lambda: a.fill(value))
 
     def __getattr__(self, name):
         if name in _PROPERTIES:
             return getattr(self._a, name)
         if name in _HOST_METHODS:
+            graphs.forbid(f"a copy to the host (cupy.ndarray.{name})")
             counters.record("d2h")
             return getattr(self._a, name)
         if name in _METHODS:
@@ -198,17 +218,16 @@ class DeviceArray:
 
             def device_method(*args, **kwargs):
                 refuse_host(f"cupy.ndarray.{name}", args + tuple(kwargs.values()))
-                out = kwargs.get("out")
-                result = method(*unwrap_nested(args), **{k: unwrap_nested(v) for k, v in kwargs.items()})
-                count_result(name, result, out)
-                return out if isinstance(out, DeviceArray) else wrap(result)
+                return device_call(name, method, args, kwargs, this=self._a)
             device_method.__name__ = name
             return device_method
         raise AttributeError(f"'cupy.ndarray' (stand-in) has no attribute {name!r}")
 
     # --- indexing ----------------------------------------------------------------------------------
     def __getitem__(self, key):
-        return wrap(self._a[_index(key)])
+        a, k = self._a, _index(key, reads=True)
+        # basic indexing is a view; advanced indexing gathers into fresh memory (a kernel when captured)
+        return wrap(graphs.fresh("launch", "getitem", lambda: a[k], (a, k), launches=lambda r: False))
 
     def __setitem__(self, key, value):
         if isinstance(value, np.ndarray) and value.ndim:
@@ -216,71 +235,76 @@ class DeviceArray:
                              f"{value.shape} to device memory: CuPy refuses it, use cupy.asarray first)")
         if isinstance(value, (list, tuple)):
             raise TypeError("assigning a Python sequence to device memory: CuPy refuses it, use cupy.asarray first")
-        counters.record("launch", "setitem")
-        self._a[_index(key)] = to_base(value)
+        a, k, v = self._a, _index(key), to_base(value)
+        graphs.launch("launch", "setitem", lambda: a.__setitem__(k, v))
 
     def __len__(self):
         return len(self._a)
 
     def __iter__(self):
-        return (wrap(v) for v in self._a)
+        return (self[i] for i in range(len(self)))
 
     # --- conversions to host scalars (a synchronization in CuPy) -----------------------------------
-    def __float__(self):
+    def _to_host(self, what):
+        graphs.forbid(f"a copy to the host ({what})")
         counters.record("d2h")
-        return float(self._a)
+        return self._a
+
+    def __float__(self):
+        return float(self._to_host("float()"))
 
     def __int__(self):
-        counters.record("d2h")
-        return int(self._a)
+        return int(self._to_host("int()"))
 
     def __complex__(self):
-        counters.record("d2h")
-        return complex(self._a)
+        return complex(self._to_host("complex()"))
 
     def __bool__(self):
-        counters.record("d2h")
-        return bool(self._a)
+        return bool(self._to_host("bool()"))
 
     def __repr__(self):
+        graphs.forbid("a copy to the host (repr)")
         return repr(self._a)
 
     def __str__(self):
+        graphs.forbid("a copy to the host (str)")
         return str(self._a)
 
     def __format__(self, spec):
+        graphs.forbid("a copy to the host (format)")
         return format(self._a, spec)
 
     def __neg__(self):
-        counters.record("launch", "neg")
-        return wrap(-self._a)
+        return _unary(self, "neg", lambda a: -a)
 
     def __pos__(self):
-        counters.record("launch", "pos")
-        return wrap(+self._a)
+        return _unary(self, "pos", lambda a: +a)
 
     def __abs__(self):
-        counters.record("launch", "abs")
-        return wrap(abs(self._a))
+        return _unary(self, "abs", abs)
 
     def __invert__(self):
-        counters.record("launch", "invert")
-        return wrap(~self._a)
+        return _unary(self, "invert", lambda a: ~a)
+
+
+def _unary(self, name, op):
+    a = self._a
+    return wrap(graphs.fresh("launch", name, lambda: op(a), (a,)))
 
 
 def _binary(op, name, reflected=False):
     def method(self, other):
-        other = _operand(f"cupy.ndarray.{name}", other)
-        counters.record("cublas" if "matmul" in name else "launch", name)
-        return wrap(op(other, self._a) if reflected else op(self._a, other))
+        a, other = self._a, _operand(f"cupy.ndarray.{name}", other)
+        compute = (lambda: op(other, a)) if reflected else (lambda: op(a, other))
+        return wrap(graphs.fresh("cublas" if "matmul" in name else "launch", name, compute, (a, other)))
     method.__name__ = name
     return method
 
 
 def _inplace(op, name):
     def method(self, other):
-        counters.record("cublas" if "matmul" in name else "launch", name)
-        op(self._a, _operand(f"cupy.ndarray.{name}", other))
+        a, other = self._a, _operand(f"cupy.ndarray.{name}", other)
+        graphs.launch("cublas" if "matmul" in name else "launch", name, lambda: op(a, other))
         return self
     method.__name__ = name
     return method
@@ -301,27 +325,51 @@ for _name, _op in (("lt", operator.lt), ("le", operator.le), ("gt", operator.gt)
 
 _NO_KERNEL = {"empty", "empty_like"}        # allocation only
 _CUBLAS = {"matmul", "dot", "tensordot", "inner", "vdot", "einsum"}
+# write into an argument without `out=` (eagerly counted as nothing, as before; recorded when captured)
+_IN_PLACE_FUNCTIONS = {"copyto", "put", "place", "putmask", "fill_diagonal", "put_along_axis"}
+_IN_PLACE_METHODS = {"put", "sort"}
+# results whose shape depends on device values: CuPy reads a count back to the host (a synchronization)
+_DATA_DEPENDENT = {"nonzero", "argwhere", "flatnonzero", "unique", "compress", "extract"}
 
 
-def count_result(name, result, out) -> None:
-    """A CuPy operation launches a kernel when it writes memory: into `out`, or into a fresh result (a view,
-    such as reshape or transpose, writes nothing)."""
+def device_call(name, fn, args, kwargs, this=None):
+    """A NumPy function or ndarray method `fn` on device arrays (host arrays refused by the caller), run or
+    captured through `graphs`; results as device arrays. `this`: the array a method is bound to."""
+    out = kwargs.get("out")
+    in_place = name in (_IN_PLACE_FUNCTIONS if this is None else _IN_PLACE_METHODS)
+    a, kw = unwrap_nested(args), {k: unwrap_nested(v) for k, v in kwargs.items()}
+    if name in _DATA_DEPENDENT or (name == "where" and len(args) + len(kwargs) == 1):
+        graphs.forbid(f"cupy.{name}: a result shaped by device values (read back to the host)")
+    compute = lambda: fn(*a, **kw)      # noqa: E731
+    kind = "cublas" if name in _CUBLAS else "launch"
     if name in _NO_KERNEL:
-        return
+        return wrap(compute())
+    if out is not None or in_place:             # writes memory it is given
+        result = graphs.launch(kind, name, compute, count=out is not None)
+        return out if isinstance(out, DeviceArray) else wrap(result)
+    return wrap(graphs.fresh(kind, name, compute, (this, a, kw), launches=lambda r: launches(name, r)))
+
+
+def launches(name, result) -> bool:
+    """Whether an eager CuPy operation launched a kernel: it wrote a fresh result (a view, such as reshape or
+    transpose, writes nothing)."""
+    if name in _NO_KERNEL:
+        return False
     results = result if isinstance(result, (tuple, list)) else (result,)
-    fresh = any(isinstance(r, np.ndarray) and r.base is None or isinstance(r, np.generic) for r in results)
-    if out is not None or fresh:
-        counters.record("cublas" if name in _CUBLAS else "launch", name)
+    return any(isinstance(r, np.ndarray) and r.base is None or isinstance(r, np.generic) for r in results)
 
 
 def count_h2d(host, stream=None) -> None:
-    """A host-to-device copy: asynchronous from pinned memory on a stream, else a blocking pageable copy."""
-    if stream is not None and counters.is_pinned(host):
-        counters.record("h2d_pinned")
-        return
+    """A blocking host-to-device copy from ordinary (pageable) memory (`set` queues pinned copies itself)."""
+    graphs.forbid("a pageable host-to-device copy", stream)
     counters.record("h2d_pageable")
     if counters.on_main_thread():
         counters.record("h2d_pageable_main")
+
+
+def _copy_into(dst, src, order="K"):
+    dst[...] = np.array(src, copy=True, order=order)
+    return dst
 
 
 def live_roots():

@@ -7,7 +7,10 @@ the arrays' dtypes, that dgrad/wgrad outputs got set_dim/set_stride, the output 
 convolution's, that a graph is validated, planned and its plan built before it runs, the workspace size;
 for the legacy API each argument's ctypes type and order per cuDNN 9's headers (handles and descriptors as
 c_void_p, alpha/beta passed by reference in the data's precision, size_t sizes as c_size_t...).
-Calls are recorded in `FRONTEND_CALLS` / `LEGACY_CALLS`.
+Calls are recorded in `FRONTEND_CALLS` / `LEGACY_CALLS`. An execution goes to its handle's stream
+(`set_stream` / `cudnnSetStream`; the legacy stream before any) through `graphs.launch`: run now, or
+recorded by a capture of that stream (then computed, and the clock advanced, at each replay); a handle left
+on another stream while its thread captures is an AssertionError.
 
 So that mistakes of plan choice show in results, as they would on a GPU, plans differ the way real ones do:
 - numerics: every plan computes in the data's precision (float32 data: float32 arithmetic); tensor-core
@@ -39,7 +42,7 @@ import types
 import numpy as np
 
 from pydtnn.backends import ConvSpec
-from . import counters, device_memory, fake_cupy
+from . import counters, device_memory, fake_cupy, graphs
 
 FRONTEND_CALLS: list[tuple] = []
 LEGACY_CALLS: list[tuple] = []
@@ -403,18 +406,20 @@ class pygraph:  # noqa: N801
                 for t in (a, b, out)}
         plan = self.plans[index]
         FRONTEND_CALLS.append(("execute", kind, tuple(out.dim), index, plan.name, pack[a]))   # + first input's address
-        fake_cupy.advance_clock(plan.cost * _RANDOM.uniform(1 - SETTINGS["noise"], 1 + SETTINGS["noise"]))
-        counters.record("cudnn", kind)
-        if not counters.SETTINGS["execute"]:
-            view[out][...] = 0
-            return
-        if kind == "fprop":
-            res = conv_emulated(plan.kind, "fprop", self.spec, np_dt, x=view[a], w=view[b])
-        elif kind == "dgrad":
-            res = conv_emulated(plan.kind, "dgrad", self.spec, np_dt, dy=view[a], w=view[b], xshape=out.dim)
-        else:
-            res = conv_emulated(plan.kind, "wgrad", self.spec, np_dt, x=view[a], dy=view[b])
-        view[out][...] = res
+
+        def execute():
+            fake_cupy.advance_clock(plan.cost * _RANDOM.uniform(1 - SETTINGS["noise"], 1 + SETTINGS["noise"]))
+            if not counters.SETTINGS["execute"]:
+                view[out][...] = 0
+                return
+            if kind == "fprop":
+                res = conv_emulated(plan.kind, "fprop", self.spec, np_dt, x=view[a], w=view[b])
+            elif kind == "dgrad":
+                res = conv_emulated(plan.kind, "dgrad", self.spec, np_dt, dy=view[a], w=view[b], xshape=out.dim)
+            else:
+                res = conv_emulated(plan.kind, "wgrad", self.spec, np_dt, x=view[a], dy=view[b])
+            view[out][...] = res
+        graphs.launch("cudnn", kind, execute, stream=handle.stream or 0)
 
 
 def build_frontend_module():
@@ -461,6 +466,7 @@ def _legacy_kind(op, algo, math, dtype):
 class _Desc:
     def __init__(self, kind):
         self.kind, self.values = kind, None
+        self.stream = 0             # a handle's stream (the legacy stream until cudnnSetStream)
 
 
 class LegacyLibrary:
@@ -517,8 +523,8 @@ class LegacyLibrary:
         return self._new(out, "handle", "cudnnCreate")
 
     def cudnnSetStream(self, handle, stream):
-        self._obj(handle, "handle", "cudnnSetStream", 0)
-        self._ptr(stream, "cudnnSetStream", 1)
+        h = self._obj(handle, "handle", "cudnnSetStream", 0)
+        h.stream = self._ptr(stream, "cudnnSetStream", 1) or 0      # where its executions go
         return 0
 
     def cudnnCreateTensorDescriptor(self, out):
@@ -655,7 +661,7 @@ class LegacyLibrary:
         return self._wsize("wgrad", "cudnnGetConvolutionBackwardFilterWorkspaceSize", *args)
 
     def _run(self, op, fname, h, alpha, a, ap, b, bp, conv, algo, ws, wsize, beta, out, outp):
-        self._obj(h, "handle", fname, 0)
+        handle = self._obj(h, "handle", fname, 0)
         xd, wd, yd, dt, spec, cv = self._geometry(op, fname, a, b, conv, out, first=2)
         scalar = ctypes.c_double if dt == np.float64 else ctypes.c_float
         al, be = self._ref(alpha, scalar, fname, 1), self._ref(beta, scalar, fname, 10)
@@ -672,18 +678,20 @@ class LegacyLibrary:
         kind = _legacy_kind(op, algo, cv["math"], dt)
         tensor_op = cv["math"] in (1, 2)
         cost = next((c for a, m, _d, _k, c in _LEGACY_ALGOS[op] if a == algo and (m in (1, 2)) == tensor_op), 0.3)
-        fake_cupy.advance_clock(cost * _RANDOM.uniform(1 - SETTINGS["noise"], 1 + SETTINGS["noise"]))
-        counters.record("cudnn", op)
-        if not counters.SETTINGS["execute"]:
-            arrays[2][...] = 0
-            return 0
-        if op == "fprop":
-            res = conv_emulated(kind, op, spec, dt, x=arrays[0], w=arrays[1])
-        elif op == "dgrad":
-            res = conv_emulated(kind, op, spec, dt, w=arrays[0], dy=arrays[1], xshape=xd)
-        else:
-            res = conv_emulated(kind, op, spec, dt, x=arrays[0], dy=arrays[1])
-        arrays[2][...] = res
+
+        def execute():
+            fake_cupy.advance_clock(cost * _RANDOM.uniform(1 - SETTINGS["noise"], 1 + SETTINGS["noise"]))
+            if not counters.SETTINGS["execute"]:
+                arrays[2][...] = 0
+                return
+            if op == "fprop":
+                res = conv_emulated(kind, op, spec, dt, x=arrays[0], w=arrays[1])
+            elif op == "dgrad":
+                res = conv_emulated(kind, op, spec, dt, w=arrays[0], dy=arrays[1], xshape=xd)
+            else:
+                res = conv_emulated(kind, op, spec, dt, x=arrays[0], dy=arrays[1])
+            arrays[2][...] = res
+        graphs.launch("cudnn", op, execute, stream=handle.stream)
         return 0
 
     def cudnnConvolutionForward(self, *args):

@@ -7,6 +7,8 @@ every other function refuses host arrays as CuPy does. Deliberately absent: `cup
 must not depend on it: its state cannot be checkpointed) and `ElementwiseKernel` (all kernels are
 RawModule source, which the stand-in compiles). The number of devices is $PYDTNN_STANDIN_DEVICES
 (default 1); device i has PCI bus id 0000:0i:00.0.
+Streams (thread-local current stream, `with stream:`), stream capture into `cupy.cuda.Graph`, memory pools
+and `cupy.cuda.using_allocator` are `graphs`' (see there what a capture refuses).
 """
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ import types
 
 import numpy as np
 
-from . import counters, fake_nccl
-from .device_memory import DeviceArray, count_h2d, count_result, refuse_host, to_base, unwrap_nested, wrap
+from . import counters, fake_nccl, graphs
+from .device_memory import DeviceArray, count_h2d, device_call, refuse_host, to_base, wrap
 from .host_kernels import RawModule
 
 VERSION = "14.2.0"          # the CuPy the device machine has; parallel/nccl.py reads the major
@@ -46,19 +48,20 @@ def asarray(a, dtype=None, order=None):
 
 
 def array(a, dtype=None, copy=True, order="K", ndmin=0):
-    if isinstance(a, DeviceArray):
-        counters.record("launch", "copy")
-    else:
+    if not isinstance(a, DeviceArray):
         count_h2d(a)
-    return wrap(np.array(to_base(a), dtype=dtype, copy=True, order=order, ndmin=ndmin))
+        return wrap(np.array(a, dtype=dtype, copy=True, order=order, ndmin=ndmin))
+    src = to_base(a)
+    return wrap(graphs.fresh("launch", "copy", lambda: np.array(src, dtype=dtype, copy=True, order=order, ndmin=ndmin),
+                             (src,)))
 
 
 def ascontiguousarray(a, dtype=None):
     if isinstance(a, DeviceArray):
         if a.flags.c_contiguous and a.ndim >= 1 and (dtype is None or np.dtype(dtype) == a.dtype):
             return a                            # as CuPy: the same object, no copy
-        counters.record("launch", "copy")
-        return wrap(np.ascontiguousarray(to_base(a), dtype=dtype))
+        src = to_base(a)
+        return wrap(graphs.fresh("launch", "copy", lambda: np.ascontiguousarray(src, dtype=dtype), (src,)))
     return _to_device(np.ascontiguousarray(a, dtype=dtype))
 
 
@@ -71,10 +74,7 @@ def _numpy_function(name):
 
     def device_function(*args, **kwargs):
         refuse_host(f"cupy.{name}", args + tuple(kwargs.values()))
-        out = kwargs.get("out")
-        result = f(*unwrap_nested(args), **{k: unwrap_nested(v) for k, v in kwargs.items()})
-        count_result(name, result, out)
-        return out if isinstance(out, DeviceArray) else wrap(result)
+        return device_call(name, f, args, kwargs)
     device_function.__name__ = name
     return device_function
 
@@ -99,6 +99,7 @@ class Device:
         _State.current_device = self._previous
 
     def synchronize(self):
+        graphs.forbid("Device.synchronize", device=True)
         counters.record("sync")
         CALLS.append(("synchronize", self.id))
 
@@ -121,14 +122,30 @@ def advance_clock(ms: float) -> None:
 
 
 class Stream:
+    """`cupy.cuda.Stream`; `with stream:` makes it this thread's current stream (`Stream.null`: the legacy
+    stream, current by default; `ptds=True`: the per-thread default stream, handle 2)."""
     _next_ptr = 0x5000
+    null = None
 
     def __init__(self, null=False, non_blocking=False, ptds=False):
         Stream._next_ptr += 0x10
-        self.ptr = 0 if null else Stream._next_ptr
+        self.ptr = 0 if null else 2 if ptds else Stream._next_ptr
+        self.non_blocking = bool(non_blocking) and not (null or ptds)
         self.device_id = _State.current_device
 
+    def __enter__(self):
+        graphs.enter_stream(self)
+        return self
+
+    def __exit__(self, *exc):
+        graphs.exit_stream()
+
+    def use(self):
+        graphs.use_stream(self)
+        return self
+
     def synchronize(self):
+        graphs.forbid("Stream.synchronize", self)
         counters.record("sync")
         CALLS.append(("stream_synchronize", self.ptr))
 
@@ -137,7 +154,17 @@ class Stream:
             raise TypeError(f"Stream.wait_event takes an Event, got {type(event).__name__}")
         if not event.recorded:
             raise AssertionError("Stream.wait_event on an event never recorded (the wait orders nothing)")
+        graphs.waited(self)
         CALLS.append(("wait_event", self.ptr, id(event)))
+
+    def begin_capture(self, mode=None):
+        graphs.begin(self, mode)
+
+    def end_capture(self):
+        return graphs.end(self)
+
+    def is_capturing(self):
+        return graphs.is_capturing(self)
 
     def record(self, event=None):
         event = event or Event()
@@ -154,12 +181,15 @@ class Event:
     def record(self, stream=None):
         if stream is not None and not isinstance(stream, Stream):
             raise TypeError(f"Event.record takes a Stream, got {type(stream).__name__}")
+        stream = stream or get_current_stream()
+        graphs.forbid("Event.record on a capturing stream", stream, thread=False)
         self.recorded = True
         self.time_ms = _Clock.now_ms
         self.launched = counters.LAUNCHED[0]        # its place in the queue
-        CALLS.append(("record", (stream or _NULL_STREAM).ptr, id(self)))
+        CALLS.append(("record", stream.ptr, id(self)))
 
     def synchronize(self):
+        graphs.forbid("Event.synchronize", graphs.NO_STREAM)
         # kernels launched after this event's record: the wait leaves them queued (the device keeps working)
         queued = self.recorded and counters.LAUNCHED[0] > self.launched
         counters.record("sync_queued" if queued else "sync")
@@ -169,14 +199,15 @@ class Event:
         return True
 
 
-_NULL_STREAM = Stream(null=True)
+_NULL_STREAM = Stream.null = Stream(null=True)
 
 
 def get_current_stream(device=None):
-    return _NULL_STREAM
+    return graphs.current_stream() or _NULL_STREAM
 
 
 def get_elapsed_time(start, end):
+    graphs.forbid("get_elapsed_time", graphs.NO_STREAM)
     for e in (start, end):
         if not e.recorded or e.disable_timing:
             raise RuntimeError("get_elapsed_time needs two recorded events with timing (stand-in)")
@@ -187,9 +218,13 @@ def _runtime_module():
     rt = types.ModuleType("cupy.cuda.runtime")
     rt.getDeviceCount = _device_count
     def device_synchronize():
+        graphs.forbid("cudaDeviceSynchronize", device=True)
         counters.record("sync")
         CALLS.append(("deviceSynchronize",))
     rt.deviceSynchronize = device_synchronize
+    rt.CUDARuntimeError = graphs.CUDARuntimeError
+    rt.streamCaptureModeGlobal, rt.streamCaptureModeThreadLocal, rt.streamCaptureModeRelaxed = 0, 1, 2
+    rt.streamLegacy, rt.streamPerThread = 1, 2
     rt.runtimeGetVersion = lambda: 13000
     rt.driverGetVersion = lambda: 13000
     rt.getDeviceProperties = lambda i: {"name": b"stand-in (host)", "uuid": bytes([int(i)] * 16),
@@ -247,8 +282,7 @@ def build_modules() -> dict:
     cupy.ndarray = DeviceArray
     cupy.asarray, cupy.array, cupy.ascontiguousarray, cupy.asnumpy = asarray, array, ascontiguousarray, asnumpy
     cupy.RawModule = RawModule
-    cupy.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None,
-                                                                 used_bytes=lambda: 0)
+    cupy.get_default_memory_pool = lambda: graphs.DEFAULT_POOL
     for name in _CREATION + _LIKE:
         setattr(cupy, name, _numpy_function(name))
 
@@ -259,6 +293,11 @@ def build_modules() -> dict:
     cuda = types.ModuleType("cupy.cuda")
     cuda.Device, cuda.Stream, cuda.Event = Device, Stream, Event
     cuda.get_current_stream, cuda.get_elapsed_time = get_current_stream, get_elapsed_time
+    cuda.Graph, cuda.MemoryPool = graphs.Graph, graphs.MemoryPool
+    cuda.using_allocator, cuda.set_allocator, cuda.get_allocator = (graphs.using_allocator, graphs.set_allocator,
+                                                                    graphs.get_allocator)
+    cuda.graph = types.ModuleType("cupy.cuda.graph")
+    cuda.graph.Graph = graphs.Graph
     cuda.runtime = _runtime_module()
     cuda.nccl = fake_nccl.build_module()
     cupy.cuda = cuda
@@ -271,4 +310,4 @@ def build_modules() -> dict:
     core._routines_linalg = _linalg_module()
     cupy._core = core
     return {"cupyx": cupyx, "cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": cuda.runtime, "cupy.cuda.nccl": cuda.nccl,
-            "cupy._core": core, "cupy._core._routines_linalg": core._routines_linalg}
+            "cupy.cuda.graph": cuda.graph, "cupy._core": core, "cupy._core._routines_linalg": core._routines_linalg}

@@ -3,6 +3,8 @@
 dtype and op and a stream pointer, and are checked against the stand-in's device allocations. With more
 than one rank the reduction goes through MPI's COMM_WORLD (each test rank is one MPI process).
 $PYDTNN_STANDIN_NCCL=missing imitates a CuPy without libnccl (`available = False`, as CuPy 14 sets it).
+A collective goes to its stream through `graphs.launch` (uncounted): run now, or recorded by a capture of
+that stream and run at each replay, as NCCL's collectives are captured on a device.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import types
 
 import numpy as np
 
-from . import device_memory
+from . import device_memory, graphs
 
 CALLS: list[tuple] = []
 
@@ -63,14 +65,17 @@ class NcclCommunicator:
         recv = self._buffer(recvbuf, count, datatype, "allReduce recv")
         CALLS.append(("allReduce", count, datatype))
         _log_on_stream("allReduce", stream)
-        if self.ndev > 1:
-            from mpi4py import MPI
-            if sendbuf == recvbuf:
-                MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, recv, op=MPI.SUM)
-            else:
-                MPI.COMM_WORLD.Allreduce(send, recv, op=MPI.SUM)
-        elif sendbuf != recvbuf:
-            recv[...] = send
+
+        def run():
+            if self.ndev > 1:
+                from mpi4py import MPI
+                if sendbuf == recvbuf:
+                    MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, recv, op=MPI.SUM)
+                else:
+                    MPI.COMM_WORLD.Allreduce(send, recv, op=MPI.SUM)
+            elif sendbuf != recvbuf:
+                recv[...] = send
+        graphs.launch("nccl", "allReduce", run, stream=int(stream), count=False)
 
     def bcast(self, buff, count, datatype, root, stream):
         _int(stream, "stream")
@@ -79,7 +84,9 @@ class NcclCommunicator:
         _log_on_stream("bcast", stream)
         if self.ndev > 1:
             from mpi4py import MPI
-            MPI.COMM_WORLD.Bcast(buf, root=_int(root, "root"))
+            root = _int(root, "root")
+            graphs.launch("nccl", "bcast", lambda: MPI.COMM_WORLD.Bcast(buf, root=root), stream=int(stream),
+                          count=False)
 
     def abort(self):
         CALLS.append(("abort",))

@@ -10,6 +10,8 @@
   (gridDim.y and .z <= 65,535, at most 1,024 threads a block), and each argument against the kernel's C
   signature: pointers must be C-contiguous stand-in device arrays of the pointee type (a host array is a
   TypeError as in CuPy), scalars must be NumPy scalars of the exact C type (np.int32 for int, ...).
+A launch goes to `stream=` (else this thread's current stream) through `graphs.launch`: run now, or recorded
+by a capture of that stream with its arguments as they are (pointers and scalars baked, as in a graph).
 Compiled libraries are cached on disk by source hash (shared with the test subprocesses).
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ import tempfile
 
 import numpy as np
 
-from . import counters
+from . import counters, graphs
 from .device_memory import DeviceArray
 
 MAX_GRID = (2 ** 31 - 1, 65535, 65535)
@@ -259,9 +261,12 @@ class RawFunction:
 
     def __call__(self, grid, block, args, shared_mem=0, stream=None):
         g, b = self._check_grid(grid, block)
-        values = self._marshal(tuple(args))
+        args = tuple(args)
+        values = self._marshal(args)
         LAUNCHES.append((self.name, g, b))
-        counters.record("launch", self.name)
+        graphs.launch("launch", self.name, lambda: self._run(args, values, g, b), stream)
+
+    def _run(self, args, values, g, b):
         if not counters.SETTINGS["execute"]:      # dry: outputs (non-const pointers) zeroed, nothing computed
             for arg, (ctype, _pname, kind, _t) in zip(args, self.params):
                 if kind == "pointer" and not ctype.strip().startswith("const"):

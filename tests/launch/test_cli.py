@@ -85,6 +85,9 @@ BAD = {
     "winograd contradicts direct": (["--enable_conv_winograd", "true", "--conv_algorithm", "direct"],
                                     "contradicts --conv_algorithm direct"),
     "cosine min_lr above lr": (["--lr_schedulers", "cosine", "--cosine_min_lr", "1"], "min_lr must be in [0, 0.01]"),
+    "cuda graphs on the cpu": (["--cuda_graphs", "true"], "--cuda_graphs true needs a replica on a GPU"),
+    "cuda graphs with layer profiles": (["--cuda_graphs", "true", "--enable_gpu", "true", "--profile_layers", "true"],
+                                        "cannot time layers one by one (--profile_layers)"),
 }
 
 

@@ -55,19 +55,26 @@ def _gpu():
     return GPUBackend(dtype="float64", seed=0, auto_conv_alg=False, deterministic=True)
 
 
+def fit(model, data, callback, epochs, resume=None, **options):
+    """`epochs` epochs of steps of 4 samples, SGD with momentum, seed 3 (resumed from `resume` if given);
+    returns (the trainer, every state array). Shared with tests/training/test_cuda_graphs.py."""
+    trainer = Trainer(model, data, SGD(learning_rate=0.05, momentum=0.9), global_batch=4, progress=False,
+                      seed=3, callbacks=[callback], **options)
+    if resume is not None:
+        trainer.resume(resume)
+    trainer.fit(epochs)
+    return trainer, {k: np.array(v) for k, v in model.state_arrays().items()}
+
+
 def _train(lagged, epochs=2, backend=_gpu, resume=None, **options):
     """A run of `epochs` epochs of 10 steps; returns (trainer, the callback's record, every state array)."""
     model = _model(backend())
     steps = Steps(model=model)
-    trainer = Trainer(model, _data(), SGD(learning_rate=0.05, momentum=0.9), global_batch=4, progress=False,
-                      seed=3, callbacks=[steps], lagged_reads=lagged, **options)
-    if resume is not None:
-        trainer.resume(resume)
-    trainer.fit(epochs)
-    return trainer, steps, {k: np.array(v) for k, v in model.state_arrays().items()}
+    trainer, state = fit(model, _data(), steps, epochs, resume, lagged_reads=lagged, **options)
+    return trainer, steps, state
 
 
-def _same(a, b):
+def same(a, b):
     assert sorted(a) == sorted(b)
     for k in a:
         assert np.array_equal(a[k], b[k]), k
@@ -89,7 +96,7 @@ def test_lagged_steps_train_exactly_as_steps_read_at_their_end():
     timing = ("time_s", "samples_per_s", "rank0_compute_s", "rank0_wait_s")
     assert [{k: v for k, v in row.items() if k not in timing} for row in lag.history] == \
         [{k: v for k, v in row.items() if k not in timing} for row in now.history]      # the epoch rows
-    _same(lag_state, now_state)
+    same(lag_state, now_state)
 
 
 def test_a_lagged_run_checkpointed_inside_an_epoch_resumes_on_the_same_weights(tmp_path):
@@ -101,7 +108,7 @@ def test_a_lagged_run_checkpointed_inside_an_epoch_resumes_on_the_same_weights(t
         assert mid.exists(), sorted(p.name for p in (tmp_path / "b").iterdir())
         _, resumed_steps, resumed = _train(None, checkpoint_dir=str(tmp_path / "c"), resume=str(mid))
     assert resumed_steps.calls[0] == ("begin", 7)
-    _same(full, resumed)
+    same(full, resumed)
 
 
 @pytest.mark.parametrize("lagged", [True, False])

@@ -115,10 +115,16 @@ class GPUBackend(ConvolutionOps, BatchNormOps, PoolingOps, ElementwiseOps, Backe
     def seed(self, seed: int) -> None:
         """A counter-based generator (`rng`): its state can be checkpointed, unlike CuPy's."""
         from pydtnn.backends.gpu.rng import CounterRNG
-        self.rng = CounterRNG(self.xp, self.dtype, self._uniform_fill, seed)
+        self.rng = CounterRNG(self.xp, self.dtype, self._uniform_fill, seed, self._uniform_fill_at, self._rng_base_set)
 
     def _uniform_fill(self, out, key, offset):
         self._launch("uniform_fill", out.size, (out, np.int64(out.size), key, offset))
+
+    def _uniform_fill_at(self, out, base, delta):
+        self._launch("uniform_fill_at", out.size, (out, np.int64(out.size), base, delta))
+
+    def _rng_base_set(self, base, key, offset):
+        self._fn("rng_base_set")((1,), (1,), (base, key, offset))
 
     def synchronize(self) -> None:
         self.xp.cuda.runtime.deviceSynchronize()
@@ -132,6 +138,14 @@ class GPUBackend(ConvolutionOps, BatchNormOps, PoolingOps, ElementwiseOps, Backe
             from pydtnn.backends.gpu.readback import Readback
             self._readback = Readback(self.xp, self.device)
         return self._readback.start(self.stacked_scalars(values))
+
+    # --- CUDA graphs (contract: `capture`) ---------------------------------------------------------------
+    graphs = True
+
+    def capture(self, fn, inputs):
+        """`fn(*inputs)` as a CUDA graph (`graphs.capture`)."""
+        from pydtnn.backends.gpu.graphs import capture
+        return capture(self, fn, inputs)
 
     def mark(self):
         """An event recorded on the compute stream."""

@@ -8,8 +8,14 @@ k of a SplitMix64 stream keyed by the seed (kernel `uniform_fill` in `_gpu_kerne
 It offers the part of NumPy's Generator protocol that the rest of PyDTNN uses: `random(shape, dtype)` and
 `bit_generator.state` (a JSON-able dict, read and assigned by the trainer's checkpoints and the launcher's
 speed probe exactly as for the CPU backend's NumPy generator).
+
+Inside a CUDA graph's capture (`drawing_from(base)`) the draws read the key and offset from the device pair
+`base` instead of kernel arguments, which a graph would replay unchanged; each replay then writes the state
+into `base` first (`set_base`) and advances the offset by the numbers the graph draws.
 """
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -28,9 +34,13 @@ def splitmix64_mix(z: int) -> int:
 class CounterRNG:
     """Uniform [0, 1) numbers on the device; `fill(out, key, offset)` launches the kernel."""
 
-    def __init__(self, xp, dtype, fill, seed: int = 0):
+    def __init__(self, xp, dtype, fill, seed: int = 0, fill_at=None, set_base=None):
+        """`fill(out, key, offset)`; for graphs `fill_at(out, base, delta)` and `set_base(base, key, offset)`
+        (kernels `uniform_fill_at`, `rng_base_set`)."""
         self.xp, self.dtype, self._fill = xp, np.dtype(dtype), fill
+        self._fill_at, self._set_base = fill_at, set_base
         self.seed_value, self.offset = int(seed) & _MASK64, 0
+        self._base = None               # (device pair, offset at the capture's start) while a graph captures
 
     @property
     def bit_generator(self):
@@ -50,9 +60,30 @@ class CounterRNG:
         shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
         out = self.xp.empty(shape, self.dtype)
         if out.size:
-            self._fill(out, np.uint64(splitmix64_mix(self.seed_value)), np.uint64(self.offset & _MASK64))
+            if self._base is not None:
+                base, start = self._base
+                self._fill_at(out, base, np.uint64((self.offset - start) & _MASK64))
+            else:
+                self._fill(out, np.uint64(splitmix64_mix(self.seed_value)), np.uint64(self.offset & _MASK64))
             self.offset += int(out.size)
         return out if dtype is None or np.dtype(dtype) == self.dtype else out.astype(dtype)
+
+    @contextlib.contextmanager
+    def drawing_from(self, base):
+        """Draws read their state from the device pair `base` for the block (a graph's capture); yields a
+        list that holds, after the block, how many numbers the captured work draws. The offset is left as it
+        was: a capture runs nothing."""
+        start = self.offset
+        self._base, drawn = (base, start), []
+        try:
+            yield drawn
+        finally:
+            drawn.append(self.offset - start)
+            self._base, self.offset = None, start
+
+    def set_base(self, base) -> None:
+        """Write the state into the device pair `base` (before a replay), in stream order."""
+        self._set_base(base, np.uint64(splitmix64_mix(self.seed_value)), np.uint64(self.offset & _MASK64))
 
 
 def check_state(value) -> tuple[int, int]:
