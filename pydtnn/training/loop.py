@@ -206,6 +206,8 @@ class Trainer(OutputRescue, EpochReport, StepSettle):
                         self._step_checkpoint(epoch + 1, 0)
                 call(callbacks, "on_train_end", self)
             self.elapsed = time.perf_counter() - t_start
+            if self.step_runner.graphs is not None:         # rank 0's, said by rank 0: did graphs serve?
+                self.log(self.step_runner.graphs.summary())
             if self.tracer_output:
                 # a collective (it gathers every rank's timeline); rank 0 writes
                 raise_together(self.comm, lambda: write_chrome_trace(self.tracer_output, self.timeline,

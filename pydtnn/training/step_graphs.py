@@ -49,6 +49,13 @@ class StepGraphs:
         self.off = None                # why graphs are off here (said once)
         self.captures = self.replays = 0
 
+    def summary(self) -> str:
+        """One line: how many steps replayed a graph, or why none did."""
+        if self.off is not None:
+            return f"CUDA graphs: off ({self.off}); {self.replays} step(s) replayed before"
+        return (f"CUDA graphs: {self.replays} step(s) replayed, {self.captures} capture(s)"
+                + ("" if self.replays else f" (a batch shape is captured after {WARMUP} eager steps of it)"))
+
     def _anchors(self):
         """Where the memory the graph reads and writes lies (its parameters, gradients, running statistics)."""
         model = self.model

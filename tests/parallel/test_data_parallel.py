@@ -252,3 +252,26 @@ def test_linear_scaling_applies_when_the_global_batch_grows_with_the_replicas_an
     line = [l for l in r.stdout.splitlines() if l.startswith("learning rate in force")]
     assert line == ["learning rate in force: 0.3 (--learning_rate 0.1 x 3 replicas: linear scaling, as the global "
                     "batch is --batch_size 16 x 3; --learning_rate_scaling false keeps 0.1)"], r.stdout
+
+
+def test_glue_standin_cuda_graphs_three_gpu_replicas_equal_one_process(tmp_path):
+    """--cuda_graphs on three heterogeneous GPU replicas over the host stand-in (tests/gpu_standin: glue, not a
+    GPU; it replays a captured graph as a device would): each replica's forward and backward replay one
+    graph, the gradients are reduced through MPI after it, and the run still equals one process on the
+    global batch."""
+    import gpu_standin
+    env = {k: v for k, v in gpu_standin.subprocess_env(PYDTNN_STANDIN_DEVICES=3).items()
+           if k in ("PYTHONPATH", "PYDTNN_GPU_STANDIN", "PYDTNN_STANDIN_DEVICES")}
+    seq, par = tmp_path / "seq.npz", tmp_path / "par.npz"
+    r1 = run_mpi(1, LAUNCHER, COMMON + ["--batch_size", "60", "--save_weights_and_bias_filename", seq], timeout=300)
+    assert r1.returncode == 0, r1.stdout + r1.stderr
+    r3 = run_mpi(3, LAUNCHER, COMMON + ["--parallel", "data", "--global_batch_size", "60", "--balance", "static",
+                                         "--replica_speeds", "1,2,3", "--enable_gpu", "true", "--cuda_graphs", "true",
+                                         "--save_weights_and_bias_filename", par], timeout=300, env=env)
+    assert r3.returncode == 0, r3.stdout + r3.stderr
+    # 2 epochs of 5 steps: 2 eager, the 3rd captured, 8 replays (rank 0's count, said by rank 0)
+    assert "CUDA graphs: 8 step(s) replayed, 1 capture(s)" in r3.stdout, r3.stdout
+    a, b = np.load(seq), np.load(par)
+    assert sorted(a.files) == sorted(b.files) and len(a.files) >= 4
+    for k in a.files:
+        assert np.allclose(a[k], b[k], rtol=1e-10, atol=1e-12), k
