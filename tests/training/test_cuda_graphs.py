@@ -18,6 +18,7 @@ import pytest
 import gpu_standin
 from pydtnn import Model
 from pydtnn.activations import Softmax
+from pydtnn.backends import available_backends
 from pydtnn.callbacks import Callback
 from pydtnn.datasets import from_arrays
 from pydtnn.errors import ConfigError
@@ -158,3 +159,18 @@ def test_the_graph_draws_the_numbers_the_eager_generator_draws():
         assert drawn == [26] and be.rng.offset == 0
         np.testing.assert_array_equal(first.get(), eager)
         np.testing.assert_array_equal(second.get(), after)
+
+
+@pytest.mark.skipif("gpu" not in available_backends(),
+                    reason="no GPU visible (the stand-in tests above run everywhere; the device check runs this)")
+def test_gpu_graphed_steps_train_exactly_as_eager_steps_on_the_device():
+    """On a real GPU (scripts/gpu_check.sh's conformance stage): the same run as the stand-in test above. Both
+    runs take the same deterministic cuDNN plans and our deterministic kernels, so a replay must give the
+    eager step's bits."""
+    graphed, graphed_steps, graphed_state = _train(True)
+    eager, eager_steps, eager_state = _train(False)
+    graphs = graphed.step_runner.graphs
+    assert graphs.off is None, graphs.off
+    assert (graphs.captures, graphs.replays) == (1, 18)
+    assert graphed_steps.ends == eager_steps.ends and _rows(graphed) == _rows(eager)
+    _same(graphed_state, eager_state)
