@@ -227,6 +227,7 @@ def _forbidden(cp):
                                       "outside the graph"),
         "default pool": (lambda s: _with_default_pool(cp, lambda: cp.empty(3)), AssertionError,
                          "allocation during capture from the default pool"),
+        "free a pool's blocks": (lambda s: cp.get_default_memory_pool().free_all_blocks(), *unsupported),
     }
 
 
@@ -242,7 +243,7 @@ def _with_default_pool(cp, fn):
 
 _FORBIDDEN = ("stream sync", "other stream sync", "device sync", "event sync", "event record", "elapsed time",
               "float()", "get()", "asarray(host)", "set(pageable)", "nonzero", "null stream sync",
-              "wait for an earlier event", "kernel on the null stream", "default pool")
+              "wait for an earlier event", "kernel on the null stream", "default pool", "free a pool's blocks")
 
 
 @pytest.mark.parametrize("name", _FORBIDDEN)

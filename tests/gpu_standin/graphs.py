@@ -390,6 +390,7 @@ class MemoryPool:
         return len(self._free)
 
     def free_all_blocks(self, stream=None) -> None:
+        forbid("MemoryPool.free_all_blocks (cudaFree waits for the device)", stream=NO_STREAM, device=True)
         with self._lock:
             self._free.clear()
 

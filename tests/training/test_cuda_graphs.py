@@ -174,3 +174,34 @@ def test_gpu_graphed_steps_train_exactly_as_eager_steps_on_the_device():
     assert (graphs.captures, graphs.replays) == (1, 18)
     assert graphed_steps.ends == eager_steps.ends and _rows(graphed) == _rows(eager)
     _same(graphed_state, eager_state)
+
+
+def test_a_capture_replays_the_eager_pass_and_returns_the_cached_memory():
+    """`Backend.capture` alone: a replay from the generator's state of an eager pass computes that pass's loss
+    and gradients bit for bit (its dropout mask included), and after the capture the blocks the eager passes
+    left cached in the default pool are given back (the graph's own pool holds a step's activations)."""
+    from pydtnn.losses import get_loss
+    loss = get_loss("categorical_cross_entropy")
+    with gpu_standin.active() as cp:
+        be = _gpu()
+        model = _model(be)
+        rng = np.random.default_rng(1)
+        x = be.asarray(rng.standard_normal((4, 1, 8, 8)))
+        y = be.asarray(np.eye(5)[rng.integers(0, 5, 4)])
+        params = model.params.copy()
+        model.compute_gradients(x, y, loss)
+        offset = be.rng.offset
+        value, _ = model.compute_gradients(x, y, loss)
+        eager_value, eager_grads, drawn = float(value), model.grads.get(), be.rng.offset - offset
+        assert drawn > 0                                # a dropout mask was drawn
+        pool = cp.get_default_memory_pool()
+        assert pool.n_free_blocks() > 0
+        call = be.capture(lambda xs, ys: model.compute_gradients(xs, ys, loss), (x, y))
+        assert pool.n_free_blocks() == 0 and be.rng.offset == offset + drawn      # a capture draws nothing
+        model.grads[...] = 0
+        be.rng.offset = offset
+        value, _ = call.replay((x, y))
+        assert be.rng.offset == offset + drawn
+        assert float(value) == eager_value
+        np.testing.assert_array_equal(model.grads.get(), eager_grads)
+        np.testing.assert_array_equal(model.params.get(), params.get())     # forward and backward only

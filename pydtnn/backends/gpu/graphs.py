@@ -53,6 +53,9 @@ def capture(backend, fn, inputs) -> CapturedCall:
         workspace = backend.conv.workspace.nbytes
         call = _capture_once(backend, fn, inputs)
         if backend.conv.workspace.nbytes == workspace:
+            # the graph's pool now holds a step's activations: the blocks the eager steps left cached in the
+            # default pool go back to the device, so that the two do not double a step's memory
+            backend.xp.get_default_memory_pool().free_all_blocks()
             return call
     raise CaptureFailed("cuDNN's workspace grew during two captures")
 
