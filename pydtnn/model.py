@@ -13,6 +13,8 @@ in one pass, and communicators reduce the gradient buffer in one call (or in rev
 """
 from __future__ import annotations
 
+import contextlib
+
 import re
 
 import numpy as np
@@ -149,12 +151,14 @@ class Model:
         if len(self.layers) > 1:
             self.layers[1].input_grad_needed = need_dx
         timer = self.layer_timer
-        for i in range(stop - 1, -1 if need_dx else 0, -1):
-            layer = self.layers[i]
-            dy = layer.backward_internal(dy) if timer is None else timer.run(layer, "backward",
-                                                                             layer.backward_internal, dy)
-            if on_grads_ready is not None and self.layers[i].nparams:
-                on_grads_ready(self._starts[i])
+        passing = self.execution.backward_pass() if self.execution is not None else contextlib.nullcontext()
+        with passing:                   # blocks may hand a sum to the block before them (pydtnn.execution)
+            for i in range(stop - 1, -1 if need_dx else 0, -1):
+                layer = self.layers[i]
+                dy = layer.backward_internal(dy) if timer is None else timer.run(layer, "backward",
+                                                                                 layer.backward_internal, dy)
+                if on_grads_ready is not None and self.layers[i].nparams:
+                    on_grads_ready(self._starts[i])
         return dy if need_dx else None
 
     def compute_gradients(self, x, y, loss, loss_scale=1.0, on_grads_ready=None):

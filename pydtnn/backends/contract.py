@@ -272,9 +272,10 @@ class Backend:
         """max(x, 0); NaN stays NaN."""
         return self.xp.maximum(x, 0)
 
-    def relu_backward(self, dy, y):
-        """dL/dx of y = relu(x) from dy = dL/dy."""
-        return dy * (y > 0)
+    def relu_backward(self, dy, y, addend=None):
+        """dL/dx of y = relu(x) from dy = dL/dy; with `addend`, from dy + addend (a gradient in two parts,
+        summed in the same pass: `pydtnn.execution.sum_handoff`)."""
+        return (dy if addend is None else dy + addend) * (y > 0)
 
     def add(self, a, b, relu=False):
         """a + b in a new array (relu(a + b) with `relu`): the merge of an AdditionBlock's paths. Every

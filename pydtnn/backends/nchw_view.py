@@ -30,7 +30,7 @@ IMAGE_KERNELS = {
     "batchnorm_backward": ((0,), ("relu_y", "addend"), (0,)),
     "bias_relu_backward": ((0, 1), (), (0,)),
     "relu_forward": ((0,), (), "all"),
-    "relu_backward": ((0, 1), (), "all"),
+    "relu_backward": ((0, 1), ("addend",), "all"),
     "add": ((0, 1), (), "all"),
 }
 

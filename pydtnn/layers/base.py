@@ -160,11 +160,22 @@ class Layer:
     fused_relu = None           # a FusedRelu: this layer applies the Relu after it, or is that Relu
     chain = None                # a DenseChain: this block writes into the array its chain shares
     moments_from = None         # a DenseChain that hands this layer the batch moments of its input's last channels
+    sum_to = sum_from = None    # a SumHandoff: this block leaves its last sum to the block before it, or adds it
 
     def fuses_next_relu(self) -> bool:
         """Whether a Relu right after this layer can run inside it. Wired, forward returns
         `self.fused_relu.hand_on(relu(result))` and backward first applies that ReLU's mask,
         `backend.relu_backward(dy, self.fused_relu.y)`; the Relu passes both on unchanged."""
+        return False
+
+    def gives_sum(self) -> bool:
+        """Whether this layer's backward can end without its last sum: `self.sum_to.give(part)` and return the
+        other part, when `self.sum_to.can_give()` (`pydtnn.execution.sum_handoff`)."""
+        return False
+
+    def takes_sum(self) -> bool:
+        """Whether this layer's backward (of a fused ReLU) can add the part its giver left,
+        `self.sum_from.take()`, in the mask's pass."""
         return False
 
     def takes_known_moments(self) -> bool:

@@ -74,7 +74,8 @@ class _Block(Layer):
 
     def backward(self, dy):
         dx = None
-        for path, dpath in reversed(list(zip(self.paths, self.split(dy)))):
+        paths = list(zip(self.paths, self.split(dy)))
+        for k, (path, dpath) in reversed(list(enumerate(paths))):
             for i in range(len(path) - 1, -1, -1):
                 layer = path[i]
                 if i == 0 and dx is not None and _adds(layer):      # the paths' sum in its own pass
@@ -82,6 +83,9 @@ class _Block(Layer):
                                                   dpath), None
                 else:
                     dpath = self.run_sublayer(layer, "backward", layer.backward_internal, dpath)
+            if dx is not None and k == 0 and self.sum_to is not None and self.sum_to.can_give():
+                self.sum_to.give(dx)             # the block before adds it in its mask's pass (sum_handoff)
+                return dpath
             dx = dpath if dx is None else self.backend.add(dx, dpath)
         return dx
 
@@ -91,9 +95,16 @@ class AdditionBlock(_Block):
         """A Relu right after this block runs in its merge where the backend's add takes relu= (`fuses_relu`)."""
         return bool(getattr(self.backend, "fuses_relu", False))
 
+    def gives_sum(self):
+        return True
+
+    def takes_sum(self):
+        return True
+
     def backward(self, dy):
         if self.fused_relu is not None:         # the fused Relu passed dy on: its mask comes first
-            dy = self.backend.relu_backward(dy, self.fused_relu.y)
+            part = self.sum_from.take() if self.sum_from is not None else None    # the next block's other part
+            dy = self.backend.relu_backward(dy, self.fused_relu.y, addend=part)
         return super().backward(dy)
 
     def merge_shape(self, shapes):

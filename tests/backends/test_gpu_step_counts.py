@@ -9,7 +9,8 @@ counts are the same at 224 (one launch per layer and pass, whatever the image si
 
 The ceilings are the issue's (ResNet-50: at most 400 of our launches and 350 allocations a step; no wait that
 drains the device; one device-to-host read, lagged). Measured
-here: ResNet-50 397 launches and 289 allocations (forward + backward alone: 388 and 282), VGG-16 96 and 96;
+here: ResNet-50 382 launches and 274 allocations (forward + backward alone: 373 and 267; 397 and 289 before its
+blocks handed their sums down, `pydtnn.execution.sum_handoff`), VGG-16 96 and 96;
 before the kernel work, forward + backward + update alone took 919 launches and 600 allocations on
 ResNet-50 (the stand-in's counting; the H200 profile's 1,054 own launches counted differently). Replayed as
 a CUDA graph (--cuda_graphs): ResNet-50 11 launches, 1 graph launch and 7 allocations a step; VGG-16 12, 1, 7.

@@ -16,12 +16,19 @@ class ElementwiseOps:
         self._launch_packed("relu_fwd", x.size, (x, y), (x, y, np.int64(x.size), self.kernels.index32(x.size)))
         return y
 
-    def relu_backward(self, dy, y):
+    def relu_backward(self, dy, y, addend=None):
         dy = self._c(dy)
         dx = self.xp.empty_like(dy)
         y = self._c(y)
-        self._launch_packed("relu_bwd", dy.size, (dy, y, dx), (dy, y, dx, np.int64(dy.size),
-                                                               self.kernels.index32(dy.size)))
+        if addend is None:
+            self._launch_packed("relu_bwd", dy.size, (dy, y, dx), (dy, y, dx, np.int64(dy.size),
+                                                                   self.kernels.index32(dy.size)))
+            return dx
+        a = self._c(addend)
+        if a.shape != dy.shape:
+            raise ShapeError(f"relu_backward: addend {a.shape} and dy {dy.shape} differ")
+        self._launch_packed("relu_bwd_sum", dy.size, (dy, a, y, dx), (dy, a, y, dx, np.int64(dy.size),
+                                                                       self.kernels.index32(dy.size)))
         return dx
 
     def add(self, a, b, relu=False):

@@ -46,6 +46,27 @@ extern "C" __global__ void relu_bwd(const T* dy, const T* y, T* dx, long long to
     else relu_bwd_body<idx64_t>(dy, y, dx, total, packed);
 }
 
+// dx = (dy + a) * (y > 0): the mask of a gradient in two parts, summed in the same pass (an AdditionBlock's
+// last sum handed to the block before it: pydtnn/execution/sum_handoff.py)
+template <typename I>
+__device__ __forceinline__ void relu_bwd_sum_body(const T* dy, const T* a, const T* y, T* dx, I total, int packed) {
+    if (packed) {
+        GRID_STRIDE(I, i, total / PACK) {
+            Pack g = ((const Pack*)dy)[i], p = ((const Pack*)a)[i], m = ((const Pack*)y)[i];
+            for (int k = 0; k < PACK; ++k) g.v[k] = (g.v[k] + p.v[k]) * (T)(m.v[k] > (T)0);
+            ((Pack*)dx)[i] = g;
+        }
+    } else {
+        GRID_STRIDE(I, i, total) { dx[i] = (dy[i] + a[i]) * (T)(y[i] > (T)0); }
+    }
+}
+
+extern "C" __global__ void relu_bwd_sum(const T* dy, const T* a, const T* y, T* dx, long long total, int packed,
+                                        int idx32) {
+    if (idx32) relu_bwd_sum_body<idx32_t>(dy, a, y, dx, (idx32_t)total, packed);
+    else relu_bwd_sum_body<idx64_t>(dy, a, y, dx, total, packed);
+}
+
 template <typename I>
 __device__ __forceinline__ void add_act_body(const T* a, const T* b, T* y, I total, int relu, int packed) {
     if (packed) {
