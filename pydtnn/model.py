@@ -14,7 +14,6 @@ in one pass, and communicators reduce the gradient buffer in one call (or in rev
 from __future__ import annotations
 
 import contextlib
-
 import re
 
 import numpy as np

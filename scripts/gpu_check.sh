@@ -14,8 +14,8 @@
 #   versions 20 s (installs the carried wheel), conformance 70 s (pytest -k "gpu and not standin"),
 #   bench 130 s (ResNet-50 and VGG-16 at batch 64 in tf32, fp32, fp32_strict against PyTorch, with a kernel
 #   profile of each), loop 40 s (scripts/bench_loop.py: the launcher's ResNet-50 steps, their numbers read a
-#   step late and at each step's end, and replayed as a CUDA graph, beside the bare step), mixed 50 s (scripts/fpm_device_check.py:
-#   gpu,cpu,cpu ResNet-20 balanced by the FPM), mnist 15 s, resume 15 s, nccl 10 s: 350 s of limits, budget
+#   step late and at each step's end, and replayed as a CUDA graph, beside the bare step), mixed 50 s
+#   (scripts/fpm_device_check.py: gpu,cpu,cpu ResNet-20 balanced by the FPM), mnist 15 s, resume 15 s, nccl 10 s: 350 s of limits, budget
 #   355 s, so that a second run still fits in a 15-minute device session.
 # What comes back in $OUT (at most 5 files, no folders; the device returns at most 8):
 #   summary.txt  one line per stage      gpu_check.log    every stage's whole output, appended as it runs

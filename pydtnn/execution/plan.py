@@ -30,5 +30,5 @@ class ExecutionPlan:
 def plan(layers) -> ExecutionPlan:
     """Wire `layers` (blocks' paths included) from what they declare: fused Relus, dense chains, then the
     sums handed between top-level blocks."""
-    fused = pair_relus(layers)
+    fused = pair_relus(layers)              # first: the handoffs join blocks whose ReLU is fused
     return ExecutionPlan(fused, link_concat_chains(layers), link_sum_handoffs(layers))

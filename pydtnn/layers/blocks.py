@@ -74,8 +74,7 @@ class _Block(Layer):
 
     def backward(self, dy):
         dx = None
-        paths = list(zip(self.paths, self.split(dy)))
-        for k, (path, dpath) in reversed(list(enumerate(paths))):
+        for k, (path, dpath) in reversed(list(enumerate(zip(self.paths, self.split(dy))))):
             for i in range(len(path) - 1, -1, -1):
                 layer = path[i]
                 if i == 0 and dx is not None and _adds(layer):      # the paths' sum in its own pass

@@ -68,7 +68,7 @@ class StepGraphs:
         one (`sync`: then waits for the device, as `eager()` does when asked to), else `eager()` (and the
         capture once the warm-up is done)."""
         backend = self.model.backend
-        if self.off is not None or not backend.graphs or self.model.layer_timer is not None:
+        if self.off is not None or self.model.layer_timer is not None:
             return eager()
         key = (tuple(x.shape), x.dtype.str, tuple(y.shape), y.dtype.str, float(weight))
         if self.call is not None and self._anchors() != self.anchors:

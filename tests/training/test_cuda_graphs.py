@@ -76,12 +76,7 @@ def _train(graphs, epochs=2, resume=None, extra=(), log=None, **options):
     return trainer, steps, state
 
 
-_same = LAGGED.same
-
-
-def _rows(trainer):
-    timing = ("time_s", "samples_per_s", "rank0_compute_s", "rank0_wait_s")
-    return [{k: v for k, v in row.items() if k not in timing} for row in trainer.history]
+_same, _rows = LAGGED.same, LAGGED.epoch_rows
 
 
 def test_graphed_steps_train_exactly_as_eager_steps():
