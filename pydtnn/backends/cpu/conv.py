@@ -1,6 +1,8 @@
-"""Direct convolution on the CPU backend (NHWC): the row-tap kernels, packing fused with GEMM, compiled with
-numba; then `DirectConvKernels`, their host side (the paths the backend's convolutions take where no
-special path applies, see `CPUBackend.conv2d_forward`).
+"""The convolutions of the CPU backend (NHWC): the direct convolution's row-tap kernels, packing fused with
+GEMM, compiled with numba; then `DirectConvKernels`, their host side (the path a convolution takes where no
+special path applies); last `ConvKernels`, the family's mixin (`conv2d_*`, as `gpu/conv.py`'s), which chooses
+a call's path among the direct kernels and the other paths' mixins (`depthwise`, `winograd`, `pixels`,
+`planes`, `pointwise`, `numpy_conv`).
 
 Algorithm ("row-tap" packing fused with GEMM, one thread pool):
 - The output rows of every image are cut into blocks; each thread takes a contiguous range of
@@ -28,11 +30,20 @@ import numpy as np
 from numba import njit, uint64
 
 from pydtnn.backends.contract import ConvSpec
+from pydtnn.backends.cpu import planes
+from pydtnn.backends.cpu import winograd as wino
+from pydtnn.backends.cpu.depthwise import DepthwiseConvKernels
 from pydtnn.backends.cpu.jit import FAST, clear
+from pydtnn.backends.cpu.numpy_conv import NumpyConvKernels
 from pydtnn.backends.cpu.parts import grid_part
+from pydtnn.backends.cpu.pixels import PixelsConvKernels
+from pydtnn.backends.cpu.planes import PlanesConvKernels
+from pydtnn.backends.cpu.pointwise import PointwiseConvKernels
 from pydtnn.backends.cpu.runtime import blas
 from pydtnn.backends.cpu.runtime.blas import NO_TRANS, TRANS, addr, gemm
 from pydtnn.backends.cpu.runtime.threads import POOL
+from pydtnn.backends.cpu.winograd import WinogradConvKernels
+from pydtnn.errors import ConfigError, ShapeError
 
 
 @njit(**FAST)
@@ -272,7 +283,7 @@ def _use_fold(ho, wo, k) -> bool:
 
 
 class DirectConvKernels:
-    """The host side of the direct convolution, mixed into `CPUBackend`: the kernels' plan (row blocks,
+    """The host side of the direct convolution, mixed into `ConvKernels`: the kernels' plan (row blocks,
     fold, buffer sizes, parts) and their launches. Filters go to the kernels' layout (kh, kw, C, K) and
     back through `LayoutKernels._swap_outer`."""
 
@@ -352,3 +363,122 @@ class DirectConvKernels:
         dwu = self._swap_outer(dwt, kh * kw, c, k).reshape(k, c, kh, kw)
         return dwu, (db if with_bias else None)
 
+
+# `_pointwise`: 1x1 convolutions on images of at most this many pixels (4x4) run as one whole-batch GEMM
+# (measured 1.3-7x faster on 4x4 and 2x2 images, mixed on 8x8, slower on 32x32)
+_POINTWISE_MAX_HW = 16
+# Output images of at most this many pixels run as one GEMM per (pixel, tap) (`pixels`): VGG-11's
+# 512 -> 512 on 2x2 images, forward / backward data / backward weights at 1 thread 16.7 / 15.5 / 16.2 ms
+# packed, 12.5 / 13.5 / 12.1 per pixel; at 2 threads 9.2 / 9.5 / 11.6 and 6.9 / 7.4 / 6.9.
+_PIXELS_MAX_HW = 4
+
+
+class ConvKernels(DirectConvKernels, DepthwiseConvKernels, WinogradConvKernels, PixelsConvKernels,
+                  PlanesConvKernels, PointwiseConvKernels, NumpyConvKernels):
+    """The convolutions of the CPU backend (`conv2d_*`), mixed into `CPUBackend`: which path runs a call,
+    over the mixins of the paths (the direct kernels above; `depthwise`, `winograd`, `pixels`, `planes`,
+    `pointwise`, `numpy_conv`). The three passes check the paths in their own orders (e.g. backward weights
+    asks for the NumPy fallback before the plane kernels)."""
+
+    def _conv_geometry(self, x, spec: ConvSpec, what):
+        self._check4(x, what)
+        n, h, w, c = x.shape
+        if c != spec.in_channels:
+            raise ShapeError(f"{what}: input has {c} channels, the convolution expects {spec.in_channels}")
+        ho, wo = self._out_hw(spec, h, w, what)
+        return n, h, w, c, ho, wo
+
+    def _is_depthwise(self, spec: ConvSpec) -> bool:
+        if spec.groups == 1:
+            return False
+        if spec.groups == spec.in_channels and spec.out_channels == spec.in_channels:
+            return True
+        raise ConfigError(f"unsupported convolution groups={spec.groups} (in_channels={spec.in_channels}, "
+                          f"out_channels={spec.out_channels}): use 1, or depthwise (groups == in == out)")
+
+    def _pointwise(self, spec: ConvSpec, ho, wo) -> bool:
+        """A 1x1 stride-1 convolution on small images: one GEMM over the whole batch's pixels (`pointwise`)."""
+        (kh, kw), (sh, sw), (ph, pw) = spec.kernel, spec.stride, spec.padding
+        return (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and spec.groups == 1 and ho * wo <= _POINTWISE_MAX_HW
+
+    def _pixels(self, spec: ConvSpec, ho, wo) -> bool:
+        """Tiny images: one GEMM per (output pixel, tap inside the image), no packing (`pixels`)."""
+        return spec.groups == 1 and ho * wo <= _PIXELS_MAX_HW
+
+    def _planes(self, spec: ConvSpec) -> bool:
+        """Very few channels: the BLAS-free plane kernels (`planes`), unless Winograd is forced."""
+        return planes.applies(spec) and not (self.conv_algorithm == "winograd" and wino.applies(spec))
+
+    def _winograd(self, spec: ConvSpec, h, w) -> bool:
+        """Whether this convolution runs as Winograd F(4x4, 3x3) (`winograd`)."""
+        if self.conv_algorithm == "direct" or not self.use_blas_kernels or not wino.applies(spec):
+            return False
+        return self.conv_algorithm == "winograd" or wino.pays(spec, h, w)
+
+    def conv2d_forward(self, x, w, b, spec: ConvSpec):
+        x = self._c(x)
+        n, h, wd, c, ho, wo = self._conv_geometry(x, spec, "conv2d_forward")
+        bias = self._c(b).reshape(-1) if b is not None else np.empty(0, self.dtype)
+        y = np.empty((n, ho, wo, spec.out_channels), self.dtype)
+        if self._is_depthwise(spec):
+            self._depthwise_forward(x, w, bias, y, spec)
+        elif self._planes(spec):
+            self._planes_forward(x, w, bias, y, spec)
+        elif not self.use_blas_kernels:
+            self._numpy_forward(x, w, bias, y, spec)
+        elif self._winograd(spec, h, wd):
+            self._winograd_forward(x, w, bias, y, spec)
+        elif self._pointwise(spec, ho, wo):
+            self._pointwise_forward(x, w, bias, y, spec)
+        elif self._pixels(spec, ho, wo):
+            self._pixels_forward(x, w, bias, y, spec)
+        else:
+            self._direct_forward(x, w, bias, y, spec)
+        return y, (x,)
+
+    def conv2d_backward_data(self, dy, w, ctx, spec: ConvSpec):
+        (x,) = ctx
+        dy = self._c(dy)
+        n, h, wd, c, ho, wo = self._conv_geometry(x, spec, "conv2d_backward_data")
+        k = spec.out_channels
+        if dy.shape != (n, ho, wo, k):
+            raise ShapeError(f"conv2d_backward_data: dy has shape {dy.shape}, expected {(n, ho, wo, k)}")
+        dx = np.empty_like(x)
+        w = np.asarray(w)
+        if self._is_depthwise(spec):
+            return self._depthwise_backward_data(dy, w, dx, spec)
+        if self._planes(spec) and planes.backward_data_applies(spec):
+            return self._planes_backward_data(dy, w, dx, spec)
+        if not self.use_blas_kernels:
+            return self._numpy_backward_data(dy, w, dx, spec)
+        if self._pointwise(spec, ho, wo):
+            return self._pointwise_backward_data(dy, w, dx, spec)
+        if self._pixels(spec, ho, wo):
+            return self._pixels_backward_data(dy, w, dx, spec)
+        if self._winograd(spec, h, wd):
+            return self._winograd_backward_data(dy, w, dx, spec)
+        return self._direct_backward_data(dy, w, dx, spec)
+
+    def conv2d_backward_weights(self, dy, ctx, spec: ConvSpec, with_bias: bool, out=None):
+        return self.into(self._conv2d_backward_weights(dy, ctx, spec, with_bias), out)
+
+    def _conv2d_backward_weights(self, dy, ctx, spec: ConvSpec, with_bias: bool):
+        (x,) = ctx
+        dy = self._c(dy)
+        n, h, wd, c, ho, wo = self._conv_geometry(x, spec, "conv2d_backward_weights")
+        k = spec.out_channels
+        if dy.shape != (n, ho, wo, k):
+            raise ShapeError(f"conv2d_backward_weights: dy has shape {dy.shape}, expected {(n, ho, wo, k)}")
+        if self._is_depthwise(spec):
+            return self._depthwise_backward_weights(x, dy, spec, with_bias)
+        if not self.use_blas_kernels:
+            return self._numpy_backward_weights(x, dy, spec, with_bias)
+        if self._winograd(spec, h, wd):
+            return self._winograd_backward_weights(x, dy, spec, with_bias)
+        if self._pointwise(spec, ho, wo):
+            return self._pointwise_backward_weights(x, dy, spec, with_bias)
+        if self._planes(spec):
+            return self._planes_backward_weights(x, dy, spec, with_bias)
+        if self._pixels(spec, ho, wo):
+            return self._pixels_backward_weights(x, dy, spec, with_bias)
+        return self._direct_backward_weights(x, dy, spec, with_bias)

@@ -119,8 +119,8 @@ def dw_bwd_w(t, nt, xf, dyf, acc, dbacc, N, H, W, C, Ho, Wo, kh, kw, sh, sw, ph,
 
 
 class DepthwiseConvKernels:
-    """The host side of the depthwise convolution, mixed into `CPUBackend`. Filters (C, 1, kh, kw) go to
-    the kernels' (kh, kw, C)."""
+    """The host side of the depthwise convolution, mixed into `conv.ConvKernels`. Filters (C, 1, kh, kw) go
+    to the kernels' (kh, kw, C)."""
 
     def _depthwise_forward(self, x, w, bias, y, spec: ConvSpec):
         n, h, wd, c = x.shape

@@ -1,6 +1,6 @@
 """Convolutions in plain NumPy (`sliding_window_view` + `tensordot`), where numba cannot call NumPy's BLAS
 (NumPy linked to another BLAS than its wheels' OpenBLAS, see `runtime.blas`): correct, several times
-slower. `NumpyConvKernels`, mixed into `CPUBackend`, which takes this path when `use_blas_kernels` is
+slower. `NumpyConvKernels`, mixed into `conv.ConvKernels`, which takes this path when `use_blas_kernels` is
 False (tests set it to compare against the fast paths).
 """
 from __future__ import annotations

@@ -107,8 +107,8 @@ def bwd_w(t, nt, fp, xf, dyf, dwt, dbacc, N, H, W, C, K, Ho, Wo, kh, kw, sh, sw,
 
 
 class PixelsConvKernels:
-    """The host side of the per-pixel GEMMs, mixed into `CPUBackend` (which decides where they run:
-    `CPUBackend._pixels`). Filters go to the direct kernels' layout (kh, kw, C, K) and back through
+    """The host side of the per-pixel GEMMs, mixed into `conv.ConvKernels` (which decides where they run:
+    `ConvKernels._pixels`). Filters go to the direct kernels' layout (kh, kw, C, K) and back through
     `LayoutKernels._swap_outer`."""
 
     def _pixels_forward(self, x, w, bias, y, spec: ConvSpec):

@@ -120,8 +120,8 @@ def bwd_w(t, nt, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, kh, kw, ph, pw, dh,
 
 
 class PlanesConvKernels:
-    """The host side of the plane kernels, mixed into `CPUBackend` (which decides where they run:
-    `CPUBackend._planes`)."""
+    """The host side of the plane kernels, mixed into `conv.ConvKernels` (which decides where they run:
+    `ConvKernels._planes`)."""
 
     def _planes_forward(self, x, w, bias, y, spec: ConvSpec):
         n, h, wd, c = x.shape

@@ -1,6 +1,6 @@
 """1x1 stride-1 convolutions on small images as one GEMM over the whole batch's pixels (the CPU backend's
-matrix product): `PointwiseConvKernels`, mixed into `CPUBackend` (which decides where it runs:
-`CPUBackend._pointwise`). The row blocks of `conv` stay within an image, and on 2x2 or 4x4 images each
+matrix product): `PointwiseConvKernels`, mixed into `conv.ConvKernels` (which decides where it runs:
+`ConvKernels._pointwise`). The row blocks of `conv` stay within an image, and on 2x2 or 4x4 images each
 block's thin GEMM reads all the weights again (MobileNet's 1024 -> 1024 on 2x2: 13 GFLOP/s).
 """
 from __future__ import annotations

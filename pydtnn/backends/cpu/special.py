@@ -10,7 +10,7 @@ the host side of `erfc`.
   checked on 200,001 points against libm. exp(-u) by u = k ln 2 - r, |r| <= ln2 / 2, a degree-13 Taylor
   polynomial (remainder <= 0.35^14 / 14! < 1e-17) and 2^-k built in the exponent bits. u = x^2 / 2 is exact
   in float64 for a float32 x. So Phi carries <= 1e-9 relative error before its one rounding to float32.
-  Measured over EVERY finite float32 input (`scripts/gelu_error_bound.py`, against libm in float64): Phi
+  Measured over EVERY finite float32 input (`scripts/experiments/gelu_error_bound.py`, against libm in float64): Phi
   within 0.514 ulp; y = x Phi within 1.510 ulp where Phi is normal (two roundings) and 7.5 ulps of 2^-149
   where Phi is subnormal (x < -13.1: Phi's absolute rounding times |x|); the derivative Phi + x phi (the
   forward keeps it for the backward) within 1.004 eps32 (Phi + |x phi|). NaN gives NaN; Phi(+-inf) = 1, 0.

@@ -237,8 +237,8 @@ def bwd_w(t, nt, fp, xf, dyf, acc, dbacc, N, H, W, C, K, Ho, Wo, ph, pw, m, tb, 
 
 
 class WinogradConvKernels:
-    """The host side of the Winograd convolution, mixed into `CPUBackend` (which decides where it runs:
-    `CPUBackend._winograd`)."""
+    """The host side of the Winograd convolution, mixed into `conv.ConvKernels` (which decides where it runs:
+    `ConvKernels._winograd`)."""
 
     def _winograd_forward(self, x, w, bias, y, spec: ConvSpec):
         self._winograd_tiles(x, self._winograd_filters(w), bias, y, spec.padding)

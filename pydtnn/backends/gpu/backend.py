@@ -1,9 +1,10 @@
 """The GPU backend: CuPy arrays, layout NCHW, cuDNN convolutions, our own CUDA kernels for the rest.
 
-One file per kernel family, each with its host side here and its CUDA source in `kernels/`:
-`convolution` (cuDNN through `cudnn.ConvRunner`, the bias in our kernel), `normalization` (batch
-normalization), `pooling`, `elementwise` (ReLU, a block's sum, bias); the random generator is `rng`, the
-device choice `device`.
+One file per kernel family, named as on the CPU backend (module and mixin: `gpu/norm.py` and `cpu/norm.py`
+both hold `BatchNormKernels`); the CUDA source of a family's own kernels is the file of the same name under
+`kernels/`. `conv` (`ConvKernels`: cuDNN through `cudnn.ConvRunner`, the bias in `elementwise`'s kernel),
+`norm` (`BatchNormKernels`), `pool` (`PoolingKernels`), `elementwise` (`ElementwiseKernels`: ReLU, a block's
+sum, bias); the random generator is `rng`, the device choice `device`.
 
 - Device: `GPUBackend(device=None)` takes the launcher's local rank modulo the visible devices (see
   `device`), made current BEFORE anything is allocated.
@@ -26,11 +27,11 @@ import warnings
 import numpy as np
 
 from pydtnn.backends.contract import Backend, parse_dtype
-from pydtnn.backends.gpu.convolution import ConvolutionOps
+from pydtnn.backends.gpu.conv import ConvKernels
 from pydtnn.backends.gpu.device import use_device
-from pydtnn.backends.gpu.elementwise import ElementwiseOps
-from pydtnn.backends.gpu.normalization import BatchNormOps
-from pydtnn.backends.gpu.pooling import PoolingOps
+from pydtnn.backends.gpu.elementwise import ElementwiseKernels
+from pydtnn.backends.gpu.norm import BatchNormKernels
+from pydtnn.backends.gpu.pool import PoolingKernels
 from pydtnn.errors import ConfigError, ShapeError
 
 DETERMINISTIC_VAR = "PYDTNN_GPU_DETERMINISTIC"
@@ -58,7 +59,7 @@ def _set_matmul_precision(precision: str) -> None:
         warnings.warn(f"could not set CuPy's float32 matmul compute type for precision={precision!r}: {e}")
 
 
-class GPUBackend(ConvolutionOps, BatchNormOps, PoolingOps, ElementwiseOps, Backend):
+class GPUBackend(ConvKernels, BatchNormKernels, PoolingKernels, ElementwiseKernels, Backend):
     """CuPy/cuDNN kernels, NCHW inside and out."""
     name = "gpu"
     layout = "NCHW"

@@ -7,7 +7,7 @@ import numpy as np
 from pydtnn.errors import ShapeError
 
 
-class ElementwiseOps:
+class ElementwiseKernels:
     """Mixed into `GPUBackend`; uses its `_launch`, `_fn`, `_c`, `_scratch` and `kernels`."""
 
     def relu_forward(self, x):

@@ -8,7 +8,7 @@ from pydtnn.backends.contract import PoolSpec
 from pydtnn.errors import ConfigError, ShapeError
 
 
-class PoolingOps:
+class PoolingKernels:
     """Mixed into `GPUBackend`."""
 
     def _pool_geometry(self, x, spec: PoolSpec, what):

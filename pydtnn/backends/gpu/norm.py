@@ -22,7 +22,7 @@ from pydtnn.errors import ShapeError
 _SLICE_BLOCKS = 528          # about 4 blocks per SM of an H100/H200 in all
 
 
-class BatchNormOps:
+class BatchNormKernels:
     """Mixed into `GPUBackend`."""
     fuses_relu = True            # relu= / relu_y=: a following ReLU runs inside the normalization's passes
 

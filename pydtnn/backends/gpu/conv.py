@@ -10,7 +10,7 @@ from pydtnn.backends.contract import ConvSpec
 from pydtnn.errors import ConfigError, ShapeError
 
 
-class ConvolutionOps:
+class ConvKernels:
     """Mixed into `GPUBackend`."""
     fuses_conv_relu = True       # conv2d_forward(relu=True) and bias_relu_backward: a Conv2D + Relu pair in one pass
 
