@@ -3,7 +3,7 @@
 # PyTorch, no network; docs/gpu.md records what it printed). It runs from a bare checkout: the project is
 # not installed there, PYTHONPATH names the checkout (pydtnn/models and pydtnn/datasets are links inside it).
 #
-#   here, first:    bash scripts/gpu_check_prepare.sh      (the cuDNN frontend wheel into .gpu_data, size check)
+#   here, first:    bash scripts/gpu/gpu_check_prepare.sh      (the cuDNN frontend wheel into .gpu_data, size check)
 #   on the device:  run(command="bash scripts/gpu_check.sh", carry=[".gpu_data"], timeout_s=420)
 #   here, no GPU:   bash scripts/gpu_check.sh --dry-run    (the script's own logic, from an environment where
 #                   the project is NOT installed too; every GPU stage reports "skipped: no GPU";
@@ -13,10 +13,10 @@
 # ending with one "RESULT:" line that goes to the console and to summary.txt as soon as it ends:
 #   versions 20 s (installs the carried wheel), conformance 70 s (pytest -k "gpu and not standin"),
 #   bench 130 s (ResNet-50 and VGG-16 at batch 64 in tf32, fp32, fp32_strict against PyTorch, with a kernel
-#   profile of each), loop 40 s (scripts/bench_loop.py: the launcher's ResNet-50 steps, their numbers read a
+#   profile of each), loop 40 s (scripts/gpu/bench_loop.py: the launcher's ResNet-50 steps, their numbers read a
 #   step late and at each step's end, and replayed as a CUDA graph, beside the bare step), mixed 50 s
-#   (scripts/fpm_device_check.py: gpu,cpu,cpu ResNet-20 balanced by the FPM), mnist 15 s, resume 15 s, nccl 10 s: 350 s of limits, budget
-#   355 s, so that a second run still fits in a 15-minute device session.
+#   (scripts/gpu/fpm_device_check.py: gpu,cpu,cpu ResNet-20 balanced by the FPM), mnist 15 s, resume 15 s,
+#   nccl 10 s: 350 s of limits, budget 355 s, so that a second run still fits in a 15-minute device session.
 # What comes back in $OUT (at most 5 files, no folders; the device returns at most 8):
 #   summary.txt  one line per stage      gpu_check.log    every stage's whole output, appended as it runs
 #   conformance.xml  pytest's JUnit XML  bench.jsonl      one JSON line per benchmark row (profile included,
@@ -46,7 +46,7 @@ HIST="$OUT/histories.json"
 STAGES=(versions:20 conformance:70 bench:130 loop:40 mixed:50 mnist:15 resume:15 nccl:10)
 START=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-export PYTHONPATH="$REPO:$REPO/scripts:/tmp/pydtnn-gpu-site${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$REPO:$REPO/scripts/gpu:/tmp/pydtnn-gpu-site${PYTHONPATH:+:$PYTHONPATH}"
 export OMPI_MCA_btl_vader_single_copy_mechanism=none    # Open MPI shared memory inside containers
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 : > "$SUMMARY"
@@ -112,11 +112,11 @@ for name in ('resnet50_imagenet', 'vgg16_imagenet'): build_model(name, Model(), 
                 || return 1 ;;
         loop)            # bench_loop.py's own imports
             dry_imports bench_loop bench_gpu pydtnn.training.loop pydtnn.parallel.lagged_step \
-                pydtnn.backends.gpu.readback pydtnn.training.step_graphs pydtnn.backends.gpu.graphs || return 1
-            "$PY" scripts/bench_loop.py --help > /dev/null || return 1 ;;
+                pydtnn.backends.gpu.readback pydtnn.parallel.step_graphs pydtnn.backends.gpu.graphs || return 1
+            "$PY" scripts/gpu/bench_loop.py --help > /dev/null || return 1 ;;
         mixed)           # the FPM check's imports and its policy
-            dry_imports pydtnn.cli pydtnn.parallel.policies || return 1
-            "$PY" scripts/fpm_device_check.py --help > /dev/null || return 1 ;;
+            dry_imports pydtnn.cli pydtnn.parallel.balance.policies || return 1
+            "$PY" scripts/gpu/fpm_device_check.py --help > /dev/null || return 1 ;;
         mnist | resume)  # the launcher's imports; MNIST is in the repository
             dry_imports pydtnn.cli pydtnn.datasets pydtnn.models || return 1
             if [ "$1" != resume ]; then
@@ -162,7 +162,7 @@ do_versions() {
             "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/pydtnn-gpu-site "${wheels[@]}" \
                 || echo "installing the carried wheels failed"
         else
-            echo "no carried wheel in .gpu_data/wheels (run scripts/gpu_check_prepare.sh before): no cuDNN frontend"
+            echo "no carried wheel in .gpu_data/wheels (run scripts/gpu/gpu_check_prepare.sh before): no cuDNN frontend"
         fi
     fi
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
@@ -279,10 +279,10 @@ do_bench() {
     # ResNet-50 then VGG-16 in TF32 and fp32 (the rows the goal names) first, then both in fp32_strict; each call
     # starts no configuration that cannot finish before the stage's end (--max_seconds)
     local rc=0
-    "$PY" scripts/bench_gpu.py --models resnet50_imagenet,vgg16_imagenet --precision tf32,fp32 \
+    "$PY" scripts/gpu/bench_gpu.py --models resnet50_imagenet,vgg16_imagenet --precision tf32,fp32 \
         --batch 64 --block 5 --rounds 5 --warmup 2 --profile --jsonl "$OUT/bench.jsonl" \
         --max_seconds $(( STAGE_END - $(date +%s) - 40 > 5 ? STAGE_END - $(date +%s) - 40 : 5 )) || rc=1
-    "$PY" scripts/bench_gpu.py --models resnet50_imagenet,vgg16_imagenet --precision fp32_strict \
+    "$PY" scripts/gpu/bench_gpu.py --models resnet50_imagenet,vgg16_imagenet --precision fp32_strict \
         --batch 64 --block 5 --rounds 5 --warmup 2 --profile --jsonl "$OUT/bench.jsonl" \
         --max_seconds $(( STAGE_END - $(date +%s) - 40 > 5 ? STAGE_END - $(date +%s) - 40 : 5 )) || rc=1
     "$PY" - "$OUT/bench.jsonl" <<'EOF'
@@ -298,7 +298,7 @@ EOF
 do_loop() {
     # the launcher's loop on one GPU (ResNet-50, batch 64, TF32): a step's numbers read a step late (the
     # default) against read at its end, and the bare step beside them (issue 36, item 3)
-    "$PY" scripts/bench_loop.py --model resnet50_imagenet --batch 64 --precision tf32 --steps_per_epoch 8 \
+    "$PY" scripts/gpu/bench_loop.py --model resnet50_imagenet --batch 64 --precision tf32 --steps_per_epoch 8 \
         --epochs 3 --jsonl "$OUT/bench.jsonl"
 }
 
@@ -329,7 +329,7 @@ EOF
 do_mixed() {
     # issue 37 on a device: one GPU replica beside two CPU replicas, ResNet-20, B = 256: the FPM split (max/min
     # compute <= 1.10, the epoch within 1.10x of the predicted makespan), the constant model and dynamic beside it
-    "$PY" scripts/fpm_device_check.py --devices gpu,cpu,cpu --model resnet20_cifar10 --global_batch_size 256 \
+    "$PY" scripts/gpu/fpm_device_check.py --devices gpu,cpu,cpu --model resnet20_cifar10 --global_batch_size 256 \
         --steps 10 --out "$WORK/fpm" --timeout $(( STAGE_LIMIT > 20 ? STAGE_LIMIT - 10 : 10 )) | tee "$WORK/fpm.out"
     local rc=${PIPESTATUS[0]} policy
     for policy in fpm probe dynamic; do

@@ -1,7 +1,7 @@
-"""Tests of the device check SCRIPT itself (scripts/gpu_check.sh, gpu_check_prepare.sh, gpu_check_deadline.py)
-on a machine without a GPU: its dry run, stage order and limits, summary lines, what it leaves in $OUT, its
-budget and timeouts, the carried-size check and the pytest deadline plugin. They test the script's own
-logic, NOT the GPU: no stage's GPU work runs here (each says so)."""
+"""Tests of the device check SCRIPT itself (scripts/gpu_check.sh; scripts/gpu/gpu_check_prepare.sh and
+gpu_check_deadline.py) on a machine without a GPU: its dry run, stage order and limits, summary lines, what it
+leaves in $OUT, its budget and timeouts, the carried-size check and the pytest deadline plugin. They test the
+script's own logic, NOT the GPU: no stage's GPU work runs here (each says so)."""
 import os
 import re
 import subprocess
@@ -72,7 +72,7 @@ def test_check_script_stage_timeout_and_spent_budget(tmp_path):
 
 
 def test_check_prepare_size_check_is_one_line(tmp_path):
-    script = os.path.join(REPO, "scripts", "gpu_check_prepare.sh")
+    script = os.path.join(REPO, "scripts", "gpu", "gpu_check_prepare.sh")
     if subprocess.run(["git", "-C", REPO, "rev-parse"], capture_output=True).returncode != 0:
         pytest.skip("SKIPPED, NOT PASSED: not a git checkout (the size check lists the tree with git)")
     r = subprocess.run(["bash", script, "--check-only"], capture_output=True, text=True, timeout=120,
@@ -88,7 +88,8 @@ def test_check_prepare_size_check_is_one_line(tmp_path):
 def test_check_deadline_plugin_stops_pytest_and_keeps_the_junit_xml(tmp_path):
     (tmp_path / "test_two.py").write_text("def test_a():\n    pass\n\ndef test_b():\n    pass\n")
     xml = tmp_path / "r.xml"
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "scripts"), GPU_CHECK_DEADLINE=str(time.time() - 1))
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "scripts", "gpu"),
+               GPU_CHECK_DEADLINE=str(time.time() - 1))
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "gpu_check_deadline", "-p", "no:cacheprovider",
                         f"--junitxml={xml}", str(tmp_path / "test_two.py")], capture_output=True, text=True,
                        timeout=120, env=env, cwd=str(tmp_path))

@@ -1,5 +1,5 @@
 """The speed emulation's arithmetic on a fake clock (end to end in virtual time in test_heterogeneity.py; its
-real-time fidelity is measured by scripts/heterogeneity_experiment.py)."""
+real-time fidelity is measured by scripts/experiments/heterogeneity_experiment.py)."""
 import pytest
 
 from pydtnn.errors import ConfigError

@@ -6,7 +6,7 @@ replicas' time per sample; pydtnn/parallel/emulation.py). The timing checks run 
 per-process virtual clock and a blocking allreduce ends when the last rank arrives, so every time the
 framework measures is known exactly and no check depends on this machine's speed or load. That tests our
 logic: the emulation's deadlines, the probe, the balancers, the per-replica statistics and the trace. How
-faithful the emulation is in real time is measured, not asserted, by scripts/heterogeneity_experiment.py.
+faithful the emulation is in real time is measured, not asserted, by scripts/experiments/heterogeneity_experiment.py.
 
 Virtual-time error: every clock reading costs one tick (1e-7 s); a step reads the clock at most ~100
 times, against b x COST >= 10 ms of compute: times per step are exact to 1e-3 relative (REL below).

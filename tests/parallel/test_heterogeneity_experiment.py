@@ -1,6 +1,6 @@
-"""scripts/heterogeneity_experiment.py (pydtnn.experiments.heterogeneity): its run plan, and a --quick smoke run
-of every part whose results.md must hold each section's table with numbers, and whose plots must be written.
-No timing thresholds: the numbers only have to be there and be finite."""
+"""scripts/experiments/heterogeneity_experiment.py (pydtnn.experiments.heterogeneity): its run plan, and a --quick
+smoke run of every part whose results.md must hold each section's table with numbers, and whose plots must be
+written. No timing thresholds: the numbers only have to be there and be finite."""
 import math
 import re
 import subprocess
@@ -11,7 +11,7 @@ import pytest
 from paths import REPO  # noqa: E402
 from pydtnn.experiments.heterogeneity.cli import parse_parts
 from pydtnn.experiments.heterogeneity.runs import as_typed, plan_runs
-SCRIPT = REPO / "scripts" / "heterogeneity_experiment.py"
+SCRIPT = REPO / "scripts" / "experiments" / "heterogeneity_experiment.py"
 NUMBER = r"-?\d+(?:\.\d+)?(?:e[-+]\d+)?"
 
 

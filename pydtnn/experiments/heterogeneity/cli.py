@@ -1,9 +1,9 @@
 """Heterogeneous data parallelism on one machine: the comparisons of Moreno-Alvarez et al., and BatchNorm.
 
-    python scripts/heterogeneity_experiment.py                 # speeds 1,0.5 on 2 ranks, real MNIST
-    python scripts/heterogeneity_experiment.py --quick         # a smoke run of every part (under a minute)
-    python scripts/heterogeneity_experiment.py --parts c       # only the BatchNorm comparison
-    python scripts/heterogeneity_experiment.py --speeds 1,0.5,0.25 --epochs 10
+    python scripts/experiments/heterogeneity_experiment.py                 # speeds 1,0.5 on 2 ranks, real MNIST
+    python scripts/experiments/heterogeneity_experiment.py --quick         # a smoke run of every part (under a minute)
+    python scripts/experiments/heterogeneity_experiment.py --parts c       # only the BatchNorm comparison
+    python scripts/experiments/heterogeneity_experiment.py --speeds 1,0.5,0.25 --epochs 10
 
 Every run is the real launcher (scripts/pydtnn_benchmark.py) under ``mpiexec -n P python -m mpi4py``
 with ``--parallel data``. ``--emulate_speeds f_1,...`` is a deadline model (pydtnn/parallel/emulation.py):
@@ -21,7 +21,7 @@ replica); so the replicas' speeds are in the ratio of the factors. The per-epoch
 (b) Gradient weighting (J. Supercomputing 2022): uniform weights w_i = 1/P against proportional weights
     w_i = b_i/B, both with the static split: training loss and held-out accuracy per epoch.
 (c) BatchNorm under a skewed split (--bn_speeds, default 1:0.2 on 2 ranks, split statically): a small
-    residual net with BatchNorm (scripts/heterogeneity_bn_model.py), local (each replica normalizes with
+    residual net with BatchNorm (scripts/experiments/heterogeneity_bn_model.py), local (each replica normalizes with
     its own b_i samples) against synchronized (``--sync_batchnorm true``: the global batch's statistics)
     BatchNorm, each with uniform and proportional weights: held-out accuracy and loss per epoch, and the
     time per epoch that synchronization costs. Without emulation by default (--bn_emulate): the split is

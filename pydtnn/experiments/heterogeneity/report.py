@@ -186,7 +186,7 @@ def section_c(args, histories, out):
             "Without `--emulate_speeds`: the split is fixed by `--replica_speeds`, so losses and accuracies are "
             "the same with it, but the compute that it pads would hold synchronized BatchNorm's collectives and "
             "the waits inside them. Both replicas run at this machine's speed, so an epoch takes the larger "
-            "replica's compute plus the collectives; `scripts/bench_sync_batchnorm.py` times synchronization "
+            "replica's compute plus the collectives; `scripts/bench/bench_sync_batchnorm.py` times synchronization "
             "more carefully.")
          + " One run of each.", ""]
     order = [(bn, w) for bn in BN_MODES for w in WEIGHTINGS]
@@ -226,7 +226,7 @@ def commands_section(argv, env, commands, kinds, runs, wall) -> list[str]:
     L = ["## Commands", "", "Environment of every run: " +
          " ".join(f"{k}={env[k]}" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")) +
          f"; working directory `{REPO}`. Logs in `logs/`, histories in `history_*.json`.", "",
-         "```", "python " + shlex.join(["scripts/heterogeneity_experiment.py", *argv]), "```", ""]
+         "```", "python " + shlex.join(["scripts/experiments/heterogeneity_experiment.py", *argv]), "```", ""]
     for name, cmd in commands.items():
         L += [f"{name} ({kinds[runs[name]].what}, {wall[name]:.0f} s):", "", "```", as_typed(cmd), "```", ""]
     return L

@@ -14,7 +14,7 @@ from pydtnn.experiments.heterogeneity.history import load_history
 
 REPO = Path(__file__).resolve().parents[3]
 LAUNCHER = REPO / "scripts" / "pydtnn_benchmark.py"
-BN_MODEL = REPO / "scripts" / "heterogeneity_bn_model.py"
+BN_MODEL = REPO / "scripts" / "experiments" / "heterogeneity_bn_model.py"
 DEFAULT_DATA = REPO / "tests" / "data" / "mnist-t10k"
 PARTS = ("a", "b", "c")
 BN_MODES, WEIGHTINGS = ("local", "sync"), ("uniform", "proportional")
@@ -153,7 +153,7 @@ def run_environment(threads) -> dict:
 def run_all(args, runs, kinds, data_flags, out, env):
     """Every planned run; returns the commands, histories, wall seconds and load averages at each start.
     Progress as the launcher shows it: a tqdm bar on a terminal, a plain line now and then in a log."""
-    from pydtnn.training.progress import progress
+    from pydtnn.observe.progress import progress
     commands, histories, wall, loads = {}, {}, {}, []
     with progress(total=len(runs), desc="runs", unit="run") as bar:
         for name, kind in runs.items():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The heterogeneity experiment (thin): see `python scripts/heterogeneity_experiment.py --help` and
+"""The heterogeneity experiment (thin): see `python scripts/experiments/heterogeneity_experiment.py --help` and
 `pydtnn.experiments.heterogeneity`. It writes into --out, a folder of the current one."""
 import sys
 

@@ -1,8 +1,8 @@
 """The sweep of issue 38's hangs, outputs and checkpoints (docs/reliability.md's first table): each case run as a
 user would, its promise checked, one table row per case (the class, the case, the promise, what happened).
 
-    python scripts/reliability_sweep_outputs.py                     # every case, sequential and under this MPI
-    python scripts/reliability_sweep_outputs.py --only resume --jobs 2
+    python scripts/reliability/reliability_sweep_outputs.py            # every case, sequential and under this MPI
+    python scripts/reliability/reliability_sweep_outputs.py --only resume --jobs 2
 
 The MPI cases run under the MPI of this environment (MPICH in .venv, Open MPI in .venv-openmpi); run the
 script in both. Every case runs in a fresh temporary folder with a time limit: a case that outlives it is a
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from pydtnn.parallel.runtime import mpirun  # noqa: E402
 
@@ -431,7 +431,7 @@ def cases():
                                 ("gradient_weighting", "--gradient_weighting", "{folder}/evil.py:weights"),
                                 ("gradient_weighting", "--gradient_weighting", "os.path:join"),
                                 ("balance", "--balance", "{folder}/evil.py:P"),
-                                ("balance", "--balance", "pydtnn.parallel.policies:StaticPolicy")):
+                                ("balance", "--balance", "pydtnn.parallel.balance.policies:StaticPolicy")):
         for n in (1, 2):
             resume = (seq("--resume", "crafted.npz", "--num_epochs", "2") if n == 1 else
                       mpi(2, "--resume", "crafted.npz", "--num_epochs", "2", "--parallel", "data"))

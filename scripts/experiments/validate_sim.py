@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Validate pydtnn-simulate against real launcher jobs on this machine: predicted against measured.
 
-    python scripts/validate_sim.py --quick            # ~5 min: 3 models, 1-3 ranks, one round
-    python scripts/validate_sim.py --rounds 3         # the full table (run it on a quiet machine)
+    python scripts/experiments/validate_sim.py --quick            # ~5 min: 3 models, 1-3 ranks, one round
+    python scripts/experiments/validate_sim.py --rounds 3         # the full table (run it on a quiet machine)
 
 1. Calibrate each model here (``pydtnn-simulate calibrate`` in a subprocess, one BLAS/Numba thread,
    as every launcher rank below gets ``--threads_per_replica 1``), at the start of every round: this
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "scripts" / "pydtnn_benchmark.py"
 ONE_THREAD = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")}
 
@@ -263,10 +263,10 @@ def main():
     times = {tuple(c.speeds): med(c) for c in statics}
     best_measured = min(times.values())
     # the measured split closest to the predicted best one
-    from pydtnn.parallel import balance
-    nearest = min(statics, key=lambda c: sum(abs(a - b) for a, b in zip(balance.partition(64, c.speeds), best)))
+    from pydtnn.parallel.balance.proportional import partition
+    nearest = min(statics, key=lambda c: sum(abs(a - b) for a, b in zip(partition(64, c.speeds), best)))
     lines += ["", f"Partition ({part_model}, 2 ranks emulated 1 : 0.5, B = 64): predicted best split {best}; measured "
-              + ", ".join(f"{balance.partition(64, c.speeds)}: {med(c):.3f} s" for c in statics)
+              + ", ".join(f"{partition(64, c.speeds)}: {med(c):.3f} s" for c in statics)
               + f". The measured split nearest the predicted best is {100 * (med(nearest) / best_measured - 1):.1f}% "
               f"slower than the best measured (goal: within 5%)."]
     ranking = {"equal": med(statics[0]), "static": med(statics[2]), "dynamic": med(parts[-1])}

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """The FPM balancing check on a GPU node (issue 37's "on a device"): one GPU replica beside CPU replicas.
 
-    python scripts/fpm_device_check.py                      # --devices gpu,cpu,cpu, ResNet-20, B = 256
-    python scripts/fpm_device_check.py --policies fpm --steps 10
+    python scripts/gpu/fpm_device_check.py                      # --devices gpu,cpu,cpu, ResNet-20, B = 256
+    python scripts/gpu/fpm_device_check.py --policies fpm --steps 10
 
 For each policy (fpm, the constant model `probe`, dynamic) one run of the launcher under mpiexec, synthetic
 CIFAR-10, `--steps` steps per epoch, 2 epochs; it prints, from epoch 2 (nothing compiles there): the split, each
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 LAUNCHER = REPO / "scripts" / "pydtnn_benchmark.py"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """What --sync_batchnorm costs per step: the same data-parallel job with local and with synchronized BatchNorm.
 
-    python scripts/bench_sync_batchnorm.py                       # ResNet-20, 2 ranks x 1 thread, 64 samples each
-    python scripts/bench_sync_batchnorm.py --ranks 3 --speeds 1,2,3 --rounds 5
+    python scripts/bench/bench_sync_batchnorm.py                       # ResNet-20, 2 ranks x 1 thread, 64 samples each
+    python scripts/bench/bench_sync_batchnorm.py --ranks 3 --speeds 1,2,3 --rounds 5
 
 Each round runs the launcher under mpiexec twice, local then synchronized (alternating, so drift in the
 machine's load hits both alike), on synthetic CIFAR-shaped data; a run's step time is the median epoch time
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 from pydtnn.parallel.runtime.mpirun import mpi_command  # noqa: E402
 
 

@@ -2,13 +2,13 @@
 """CPU training speed: PyDTNN against PyTorch CPU on the same model, batch, dtype and thread count.
 
     pip install torch==2.13.0            # the benchmark's peer; not a dependency of PyDTNN
-    python scripts/bench_cpu.py                          # the table of docs/performance.md
-    python scripts/bench_cpu.py --models resnet20_cifar10 --threads 2 --breakdown
-    python scripts/bench_cpu.py --conv_algorithms direct,winograd,auto --ddp    # + the 2-rank row
-    python scripts/bench_cpu.py --models vit_tiny_mnist --breakdown      # a Vision Transformer step
-    python scripts/bench_cpu.py --models vgg11_cifar10 --user_loop       # the loop a user writes
-    python scripts/bench_cpu.py --models vgg11_cifar10 --gains           # each one's 1 -> 2 thread gain
-    python scripts/bench_cpu.py --models vgg11_cifar10 --optimizer adam  # Adam instead of SGD, both
+    python scripts/bench/bench_cpu.py                          # the table of docs/performance.md
+    python scripts/bench/bench_cpu.py --models resnet20_cifar10 --threads 2 --breakdown
+    python scripts/bench/bench_cpu.py --conv_algorithms direct,winograd,auto --ddp    # + the 2-rank row
+    python scripts/bench/bench_cpu.py --models vit_tiny_mnist --breakdown      # a Vision Transformer step
+    python scripts/bench/bench_cpu.py --models vgg11_cifar10 --user_loop       # the loop a user writes
+    python scripts/bench/bench_cpu.py --models vgg11_cifar10 --gains           # each one's 1 -> 2 thread gain
+    python scripts/bench/bench_cpu.py --models vgg11_cifar10 --optimizer adam  # Adam instead of SGD, both
 
 The PyTorch network is MIRRORED from the PyDTNN model layer by layer (same convolutions, pools, blocks,
 normalizations, attention, initial weights), and the first step's loss of both is checked to agree, so
@@ -295,7 +295,7 @@ def torch_step(net, x, labels, make_optimizer):
 
 def zoo_steps(name, batch, conv_algorithm="auto"):
     """The zoo step of both frameworks on the model and its mirror: (ours, theirs, model, net, x)."""
-    from pydtnn.model import one_hot
+    from pydtnn.targets import one_hot
 
     model, x, labels = build(name, batch, conv_algorithm=conv_algorithm)
     net = mirror(model)
@@ -482,8 +482,8 @@ def ddp_row(a, conv_algorithm):
     from pydtnn.parallel.runtime.mpirun import find_mpiexec
     mpiexec = find_mpiexec()
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    here = os.path.dirname(os.path.abspath(__file__))
-    ours_cmd = [mpiexec, "-n", "2", sys.executable, os.path.join(here, "pydtnn_benchmark.py"),
+    scripts = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ours_cmd = [mpiexec, "-n", "2", sys.executable, os.path.join(scripts, "pydtnn_benchmark.py"),
                 "--model", a.ddp_model, "--parallel", "data", "--batch_size", str(a.batch),
                 "--threads_per_replica", "1", "--steps_per_epoch", str(a.steps), "--num_epochs", str(a.ddp_epochs),
                 "--synthetic_samples", str(2 * a.batch * a.steps), "--progress_bar", "false", "--lr_schedulers", "",

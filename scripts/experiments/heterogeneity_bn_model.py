@@ -1,5 +1,5 @@
 """A small residual network with BatchNormalization for 1x28x28 MNIST, for part (c) of
-scripts/heterogeneity_experiment.py (`--model scripts/heterogeneity_bn_model.py`).
+scripts/experiments/heterogeneity_experiment.py (`--model scripts/experiments/heterogeneity_bn_model.py`).
 
     conv 3x3 (8) - BN - ReLU - max pool 2x2                                  -> 8 x 14 x 14
     residual block: [conv 3x3 (8) - BN - ReLU - conv 3x3 (8) - BN] + identity, ReLU

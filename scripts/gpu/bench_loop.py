@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """The launcher's training step on a GPU: its loop (`Trainer`) with each step's numbers read a step late (the
 default with one replica: `pydtnn.parallel.lagged_step`) and read at each step's end, beside the bare step of
-`scripts/bench_gpu.py` (forward, backward and update, nothing read), and lagged with the step's forward and
-backward replayed as a CUDA graph (`--cuda_graphs`: `pydtnn.training.step_graphs`).
+`scripts/gpu/bench_gpu.py` (forward, backward and update, nothing read), and lagged with the step's forward and
+backward replayed as a CUDA graph (`--cuda_graphs`: `pydtnn.parallel.step_graphs`).
 
-    python scripts/bench_loop.py                          # resnet50_imagenet, batch 64, tf32
-    python scripts/bench_loop.py --model vgg16_imagenet --precision fp32 --epochs 4
+    python scripts/gpu/bench_loop.py                          # resnet50_imagenet, batch 64, tf32
+    python scripts/gpu/bench_loop.py --model vgg16_imagenet --precision fp32 --epochs 4
 
 Per mode, ms per step: the median over the steps of every epoch after the first (plans built, buffers
 allocated), timed from one step's on_batch_begin to the next's (a step's whole host and device work);
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
         row = {"model": a.model, "batch": a.batch, "precision": a.precision, "mode": mode, "step_ms": ms,
                "bare_ms": bare_ms, "overhead_ms": ms - bare_ms, "steps": len(times),
                "lagged": trainers[mode].lagged}
-        graphs = trainers[mode].step_runner.graphs
+        graphs = trainers[mode].dp.graphs
         if graphs is not None:
             row.update(captures=graphs.captures, replays=graphs.replays, graphs_off=graphs.off)
         print(f"  loop, {mode}: {ms:.2f} ms per step ({len(times)} steps), loop overhead {ms - bare_ms:+.2f} ms "

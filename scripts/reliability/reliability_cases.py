@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reliability_sweep import REPO, run
+from case_runs import REPO, run
 
 FAST = ["--model", "simplemlp", "--synthetic_samples", "64", "--batch_size", "16", "--num_epochs", "1",
         "--steps_per_epoch", "2", "--progress_bar", "false", "--lr_schedulers", ""]
@@ -550,12 +550,12 @@ def _(ctx):
         f"{len(tags)} tags, e.g. {tags[:2]} ... {tags[-2:]}"
 
 
-@case(NEW, "scripts/heterogeneity_experiment.py from another folder", "writes into ./out of the current folder, not "
-      "the repository's", how="script")
+@case(NEW, "scripts/experiments/heterogeneity_experiment.py from another folder",
+      "writes into ./out of the current folder, not the repository's", how="script")
 def _(ctx):
     before = set((REPO / "out").glob("**/*")) if (REPO / "out").exists() else set()
-    r = run([sys.executable, REPO / "scripts" / "heterogeneity_experiment.py", "--quick", "--parts", "b", "--data",
-             "synthetic", "--epochs", "2"], ctx.folder, "script", 600)
+    r = run([sys.executable, REPO / "scripts" / "experiments" / "heterogeneity_experiment.py", "--quick", "--parts",
+             "b", "--data", "synthetic", "--epochs", "2"], ctx.folder, "script", 600)
     after = set((REPO / "out").glob("**/*")) if (REPO / "out").exists() else set()
     mine = list((ctx.folder / "out").glob("**/*"))
     return r.rc == 0 and mine and after == before, f"{said(r)}; {len(mine)} files under ./out, {len(after - before)} " \

@@ -1,6 +1,6 @@
 """The float32 GELU kernels' error over EVERY float32 input (the bound quoted in `pydtnn.backends.cpu.special`).
 
-    python scripts/gelu_error_bound.py            # about a minute a core; --stride 97 for a quick sample
+    python scripts/experiments/gelu_error_bound.py            # about a minute a core; --stride 97 for a quick sample
 
 For each finite float32 x, against float64 references through libm's erfc and exp: Phi(x) (the float32
 Phi the forward multiplies x by) and y = x Phi(x), in units of the float32 ulp of the float64 reference

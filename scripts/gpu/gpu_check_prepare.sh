@@ -6,7 +6,7 @@
 # files, plus .gpu_data) stays under GPU_CHECK_MAX_MIB (60; the device tool's limit is 64 MiB), and fails
 # with one line if not.   --check-only: the size check alone (no download).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MAX_MIB=${GPU_CHECK_MAX_MIB:-60}
 WHEEL="nvidia-cudnn-frontend==1.32.0"
 fail() { echo "gpu_check_prepare: error: $*" >&2; exit 1; }

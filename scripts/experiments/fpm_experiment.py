@@ -1,14 +1,14 @@
 #!/usr/bin/env python
 """Measure the functional performance model (FPM) balancing on this CPU, with emulated devices (docs/balancing.md).
 
-    python scripts/fpm_experiment.py --rounds 3 --out out/fpm
+    python scripts/experiments/fpm_experiment.py --rounds 3 --out out/fpm
 
 Two experiments, each run side by side in one invocation, in alternated rounds (A B A B A B), reporting medians:
 
 1. Emulated affine costs (--emulate_costs): one GPU-like replica (a fixed 40 ms per step, 0.1 ms per sample)
    beside two proportional CPU-like ones (1.5 ms per sample), B = 256. The FPM split (--balance fpm) and the
    constant model's (--balance probe: speeds timed at B/P) are compared with the integer-optimal makespan under
-   the true emulated costs (pydtnn.parallel.fpm_partition.equal_finish on the exact model): the split's makespan
+   the true emulated costs (pydtnn.parallel.balance.fpm_partition.equal_finish on the exact model): the split's makespan
    under the true costs, and the measured compute of the slowest replica per step.
 2. A time-varying straggler (--emulate_schedule): three equal replicas (1 ms per sample), replica 1 three times
    slower during steps [60, 120); --balance dynamic against the static FPM split (--balance fpm), B = 120,
@@ -31,11 +31,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from pydtnn.parallel.cost_model import CostModel            # noqa: E402
-from pydtnn.parallel.fpm_partition import equal_finish      # noqa: E402
+from pydtnn.parallel.balance.cost_model import CostModel            # noqa: E402
+from pydtnn.parallel.balance.fpm_partition import equal_finish      # noqa: E402
 from pydtnn.parallel.runtime.mpirun import mpi_command      # noqa: E402
 
 LAUNCHER = REPO / "scripts" / "pydtnn_benchmark.py"

@@ -1,6 +1,6 @@
 """Gradient reduction: PyDTNN's communicators against a raw mpi4py Allreduce of the same bytes, same run.
 
-    mpiexec -n 2 python -m mpi4py scripts/bench_allreduce.py [--repeats 20] [--bucket_mb 1,4]
+    mpiexec -n 2 python -m mpi4py scripts/bench/bench_allreduce.py [--repeats 20] [--bucket_mb 1,4]
 
 For each size (ResNet-20 ~0.27 M and ResNet-50 ~25.6 M float32 parameters) it times, interleaved:
   raw      MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, buf)  (the peer)

@@ -4,7 +4,7 @@
 If PyTorch is importable, the same operations are timed with torch (NCHW, its default layout) in the
 same run and the ratio ours/torch is printed (< 1: we are faster).
 
-    python scripts/bench_conv_kernels.py [--threads 2] [--batch 64] [--repeat 15] [--dtype float32]
+    python scripts/bench/bench_conv_kernels.py [--threads 2] [--batch 64] [--repeat 15] [--dtype float32]
 
 Times are the minimum over `--repeat` runs after warm-up (the median is printed too); ours and torch's
 calls alternate, so both see the same machine conditions. On a shared machine the minimum is the most

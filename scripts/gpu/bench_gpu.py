@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Training-step time of PyDTNN's GPU backend against PyTorch, same models, batch and precision, one GPU.
 
-    python scripts/bench_gpu.py                                   # resnet50_imagenet, vgg16_imagenet, simplecnn
-    python scripts/bench_gpu.py --precision fp32 --models simplecnn --block 10
-    python scripts/bench_gpu.py --no_autotune --conv legacy       # heuristic plans, the cuDNN legacy API
-    python scripts/bench_gpu.py --profile profile.json            # + a kernel profile of one step of each
+    python scripts/gpu/bench_gpu.py                                   # resnet50_imagenet, vgg16_imagenet, simplecnn
+    python scripts/gpu/bench_gpu.py --precision fp32 --models simplecnn --block 10
+    python scripts/gpu/bench_gpu.py --no_autotune --conv legacy       # heuristic plans, the cuDNN legacy API
+    python scripts/gpu/bench_gpu.py --profile profile.json            # + a kernel profile of one step of each
 
 Like with like:
 - precision "tf32": TF32 allowed on both sides; "fp32": TF32 off on both (torch.backends.cuda.matmul.allow_tf32

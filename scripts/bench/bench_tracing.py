@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """What --tracing and --profile_layers cost per step, in one process (the per-layer timer is per rank).
 
-    python scripts/bench_tracing.py                          # simplecnn, batch 64: small layers, the worst case
-    python scripts/bench_tracing.py --model resnet20 --batch 32 --rounds 5
+    python scripts/bench/bench_tracing.py                          # simplecnn, batch 64: small layers, the worst case
+    python scripts/bench/bench_tracing.py --model resnet20 --batch 32 --rounds 5
 
 Each round trains the same model one epoch of --steps steps three times, alternating (drift in the machine's
 load hits all alike): tracing off, tracing every step (--trace_steps 1:STEPS, the most it can record), and
@@ -18,7 +18,7 @@ import statistics
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pydtnn.datasets import load_dataset  # noqa: E402
 from pydtnn.model import Model  # noqa: E402
 from pydtnn.models import build_model  # noqa: E402
