@@ -120,7 +120,7 @@ def _attempt(url: str, part: str, progress: bool, timeout: float) -> None:
             raise DatasetError(f"{url}: unexpected HTTP status {status}")
         total = have + length if length is not None else None
         got = 0
-        from pydtnn.training.progress import progress as progress_bar
+        from pydtnn.observe.progress import progress as progress_bar
         bar = progress_bar(total=total, initial=have, unit="B", unit_scale=True, unit_divisor=1024,
                            desc=os.path.basename(part[:-5]), enabled=progress, leave=False)
         with open(part, mode) as f:

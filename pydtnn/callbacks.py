@@ -22,6 +22,13 @@ the current epoch). Every rank runs the same callbacks on the same (reduced) log
   k + 2), except at an epoch's last step and before a checkpoint. `Trainer(lagged_reads=False)` reads each
   step at its end, as on the CPU.
 
+A callback that keeps state across steps (a counter, a best value, an early-stopping patience) saves it in
+the training checkpoints and gets it back on `--resume` / `Trainer.resume` (Lightning's
+`Callback.state_dict`): `state_dict()` returns plain JSON values (a checkpoint is data, never code), and
+`load_state_dict(state)` takes them back. A checkpoint keeps each callback's state under its `state_key`
+(default: the class name; the second callback of a class `Name#2`, and so on); a callback whose key the
+checkpoint lacks starts fresh.
+
 The learning-rate schedulers and `model_checkpoint` (`pydtnn.schedulers`) are callbacks too, and so are the
 loop's own history file and progress bar (`pydtnn.training.loop_callbacks`). The order is fixed: every hook runs the
 schedulers, then the user's callbacks (in the order given), then the loop's own (history file, progress
@@ -58,6 +65,24 @@ class Callback:
 
     def on_batch_end(self, trainer, step, logs):
         pass
+
+    def state_dict(self) -> dict:
+        """What this callback needs to go on after a resume, as plain JSON values ({}: nothing)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take back what `state_dict` returned, from a checkpoint."""
+
+
+def state_keys(callbacks) -> list[str]:
+    """Each callback's key in a checkpoint: its `state_key` (default its class name), `#2`, `#3`... added to a
+    key seen before, so that two callbacks of one class keep their own states."""
+    keys, seen = [], {}
+    for cb in callbacks:
+        key = str(getattr(cb, "state_key", None) or type(cb).__qualname__)
+        seen[key] = seen.get(key, 0) + 1
+        keys.append(key if seen[key] == 1 else f"{key}#{seen[key]}")
+    return keys
 
 
 def call(callbacks, hook, *args):

@@ -157,7 +157,7 @@ def make_trainer(config, devices, local, split, comm):
 
     def restore():
         if p.weights_and_bias_filename:
-            from pydtnn.training.checkpointing import load_weights
+            from pydtnn.weights import load_weights
             load_weights(p.weights_and_bias_filename, model)
         if p.resume:
             # a measured split (probe or dynamic) continues from the checkpoint; one given by flags is the flags'

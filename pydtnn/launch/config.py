@@ -38,7 +38,7 @@ class RunConfig:
     devices: list            # one of "cpu" / "gpu" per replica
     learning_rate: float     # in force at the start (linear scaling applied)
     learning_rate_why: str | None
-    policy: object           # a BalancePolicy (pydtnn.parallel.policies)
+    policy: object           # a BalancePolicy (pydtnn.parallel.balance.policies)
     weighting: object        # weights(sizes) -> list of w_i (pydtnn.parallel.weighting)
     metrics: list
     caps: list | None        # --max_local_batch, one per replica
@@ -55,8 +55,8 @@ class RunConfig:
 
 def configure(p, nreplicas: int, many_processes: bool = False) -> RunConfig:
     """Every cross-flag check, then the configuration. `many_processes`: started by a launcher of several."""
-    from pydtnn.parallel.balance import caps_for
-    from pydtnn.parallel.policies import make_policy
+    from pydtnn.parallel.balance.proportional import caps_for
+    from pydtnn.parallel.balance.policies import make_policy
     from pydtnn.parallel.weighting import make_weighting
     P, data = int(nreplicas), p.parallel == "data"
     check_combinations(p)
@@ -72,7 +72,7 @@ def configure(p, nreplicas: int, many_processes: bool = False) -> RunConfig:
     if p.enable_nccl and P > 1 and any(d != "gpu" for d in devices):
         raise ConfigError("--enable_nccl needs every replica on a GPU; mixed --devices reduce through MPI")
     if p.cuda_graphs:
-        from pydtnn.training.step_graphs import refusal
+        from pydtnn.parallel.step_graphs import refusal
         why = refusal(P, devices.count("gpu"), p.non_blocking_mpi and data, p.sync_batchnorm and data,
                       p.profile_layers)
         if why:

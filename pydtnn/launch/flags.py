@@ -12,6 +12,7 @@ import math
 import os
 
 from pydtnn.errors import ConfigError
+from pydtnn.parallel.balance.policies import balance_help
 
 TRUE, FALSE = ("true", "1", "yes", "y", "on"), ("false", "0", "no", "n", "off")
 
@@ -278,12 +279,7 @@ def _data_parallel_flags(g):
     g.add_argument("--parallel", default="sequential", choices=["sequential", "data"])
     g.add_argument("--non_blocking_mpi", type=B, default=False,
                    help="reduce gradients in reverse-order buckets with Iallreduce, overlapped with backward")
-    g.add_argument("--balance", default="none",
-                   help="split of the global batch: none (equal); static: proportional to --replica_speeds (without "
-                        "them: fpm); fpm: each replica's compute time probed at several local batches (a functional "
-                        "performance model) and the split with equal finish times; probe: proportional to speeds "
-                        "probed at B/P (the constant model); dynamic: fpm, refitted and re-split during training; or "
-                        "a user's BalancePolicy, FILE.py:CLASS or module:CLASS (docs/balancing.md)")
+    g.add_argument("--balance", default="none", help=balance_help())
     g.add_argument("--balance_options", type=policy_options, default=None,
                    help="key=value,... for the policy: a user's class gets them as keyword arguments; fpm and "
                         "dynamic take points, rounds, tolerance, bucket (GPU local batches a multiple of it, 8), "

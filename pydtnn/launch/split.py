@@ -12,7 +12,7 @@ def policy_and_split(config, local, comm):
     collective, then agreed on by every rank (a user's policy is told its rank: it could decide by it). It
     follows data and model: B must suit the training samples, and each local batch's activations must fit
     this rank's memory."""
-    from pydtnn.parallel import policy_calls
+    from pydtnn.parallel.balance import policy_calls
     from pydtnn.parallel.comm import raise_together
     from pydtnn.launch.config import learning_rate_in_force
     batch_given = bool({"batch_size", "global_batch_size"} & set(config.given))
@@ -28,13 +28,13 @@ def policy_and_split(config, local, comm):
 
 
 def initial_split(p, policy, model, dataset, nprocs, rank=0, devices=None, weighting=None, batch_given=True):
-    """The global batch B, the memory caps and the policy's checked initial sizes (pydtnn.parallel.policies),
+    """The global batch B, the memory caps and the policy's checked initial sizes (pydtnn.parallel.balance.policies),
     which the policy keeps; refused when B does not suit the data or a local batch does not fit memory.
     The policy is told its rank, the devices and --balance_options first; `weighting` (a user's
     --gradient_weighting) is called once on the split, so that a bad one fails before any work. Without
     `batch_given`, a default --batch_size larger than the training set shrinks to fit it (said in the returned
     ``batch_note``): a small dataset runs as written, a batch the user chose is refused."""
-    from pydtnn.parallel import balance, policy_calls
+    from pydtnn.parallel.balance import policy_calls, proportional
     n = nprocs if p.parallel == "data" else 1
     B = p.global_batch_size or p.batch_size * n
     note = None
@@ -43,12 +43,10 @@ def initial_split(p, policy, model, dataset, nprocs, rank=0, devices=None, weigh
         B = p.batch_size * n
         note = (f"batch: --batch_size {p.batch_size}, as the default {default}"
                 f"{f' x {n} replicas' if n > 1 else ''} is more than the {len(dataset.train)} training samples")
-    caps = balance.caps_for(p.max_local_batch, n)
+    caps = proportional.caps_for(p.max_local_batch, n)
     check_against_data(p, dataset, B)
-    policy.bind(rank, n, devices if devices is not None and len(devices) == n else None, policy.options)
-    proposed = policy_calls.call(policy, "initial_sizes", B, n, caps)
-    sizes = balance.check_split(proposed, B, n, caps, f"balance policy {policy.name}", policy.allow_zero)
-    policy.sizes = list(sizes)
+    sizes = policy_calls.initial_split(policy, B, n, caps, rank,
+                                       devices if devices is not None and len(devices) == n else None)
     if weighting is not None:
         weighting(sizes)
     _check_batch_fits(model, sizes, len(dataset.train), p)

@@ -1,4 +1,6 @@
-"""Seeing inside a run. Nothing here runs unless a flag asks for it, except the per-replica timing.
+"""Seeing inside a run. Nothing here runs unless a flag asks for it, except the per-replica timing (every
+step is timed: the per-replica table and the balancing policies read it) and the progress bar (on by
+default, --progress_bar).
 
     timing.py         per-step compute / wait timers and per-replica totals (`StepTimer`, `ReplicaStats`,
                       `epoch_summary`): the numbers the per-replica table and the balancing policies read
@@ -8,4 +10,6 @@
     step_metrics.py   per-step and per-epoch scalars to a CSV (--step_history_file) and TensorBoard
                       (--tensorboard_dir), and the per-replica plot (--plots_dir)
     replica_plot.py   that plot: each replica's local batch, compute and wait over the steps
+    progress.py       progress on stderr: a bar on a terminal, a plain line now and then in a log file (the
+                      loop's epochs, a dataset's download, the simulator's steps)
 """

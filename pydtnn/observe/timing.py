@@ -24,7 +24,7 @@ per-replica columns and the balancing policies read: after each step, every repl
 ``timer.step_compute_s / b_i`` (``stats.last_compute_per_sample`` once the step has ended) is its compute
 seconds per sample, what `pydtnn.parallel.balance.BalancePolicy.after_step` is given for every replica.
 
-The timeline and its Chrome trace live in `pydtnn.observe.timeline` (re-exported here).
+The timeline and its Chrome trace live in `pydtnn.observe.timeline`.
 """
 from __future__ import annotations
 
@@ -34,10 +34,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pydtnn.observe.timeline import Event, Timeline, chrome_trace, write_chrome_trace
+from pydtnn.observe.timeline import Timeline
 
-__all__ = ["ReplicaStats", "StepTimer", "Timeline", "Event", "EpochSummary", "epoch_summary",
-           "chrome_trace", "write_chrome_trace"]
+__all__ = ["ReplicaStats", "StepTimer", "EpochSummary", "epoch_summary"]
 
 
 @dataclass

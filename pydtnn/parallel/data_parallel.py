@@ -17,13 +17,18 @@ One step (`step`, the protocol `train_step` and the launcher's Trainer share):
    ranks must agree on.
 Time blocked in any of these collectives (2., 4., and the BatchNorm syncs inside 1.) is the step's wait, never
 its compute (`pydtnn.observe.timing.StepTimer`). Then the policy's `after_step` with the step's report (every
-replica's b_i, compute and wait seconds, the wall time, warm-up flags: `pydtnn.parallel.step_report`), which may
+replica's b_i, compute and wait seconds, the wall time, warm-up flags: `pydtnn.parallel.balance.step_report`), which may
 change `sizes` (checked, agreed on by the ranks for a policy that is not a built-in, announced in one line). A
 replica a policy gives 0 samples (`allow_zero`) computes nothing and adds a zero gradient.
+
+What else touches only the engine's state lives here too, once: passes one rank runs alone that leave no
+trace (`side_passes`: speed probes, the emulation's calibration), the emulated speed (`emulator`: each
+forward + backward padded to its deadline), the replay of a step's CUDA graph (`graphs`), synchronized
+BatchNorm and the running statistics.
 """
 from __future__ import annotations
 
-import functools
+import contextlib
 
 import numpy as np
 
@@ -32,12 +37,13 @@ from pydtnn.errors import PyDTNNError, ShapeError
 from pydtnn.layers.batchnorm import BatchNormalization
 from pydtnn.losses import get_loss
 from pydtnn.observe.timing import StepTimer
-from pydtnn.parallel import balance, policy_calls
+from pydtnn.parallel import balance
+from pydtnn.parallel.balance import policy_calls, proportional
 from pydtnn.parallel.comm import BucketedReducer, make_comm
-from pydtnn.parallel.policies import make_policy
+from pydtnn.parallel.balance.policies import make_policy
 from pydtnn.parallel.lagged_step import LaggedStep
 from pydtnn.parallel.step_record import StepRecord
-from pydtnn.parallel.step_report import StepReport, StepReports
+from pydtnn.parallel.balance.step_report import StepReport, StepReports
 from pydtnn.parallel.sync_batchnorm import BatchNormSync
 from pydtnn.parallel.weighting import make_weighting
 from pydtnn.targets import as_targets
@@ -46,32 +52,37 @@ from pydtnn.targets import as_targets
 class DataParallel:
     def __init__(self, model, optimizer, *, global_batch, comm=None, sizes=None, policy=None,
                  weighting="proportional", loss="categorical_cross_entropy", caps=None, non_blocking=False,
-                 sync_batchnorm=False, clip_grad_norm=0.0, timer=None, devices=None, log=None, emulator=None):
+                 sync_batchnorm=False, clip_grad_norm=0.0, timer=None, devices=None, log=None, emulator=None,
+                 emulate_reference=(), graphs=None):
         """`comm`: a pydtnn communicator (default: MPI's world when started by mpiexec with several
         processes, else one process); `sizes` or `policy` (a BalancePolicy or a --balance name) give the
-        split; `weighting`: "proportional", "uniform" or a function weights(sizes) -> list of w_i; `caps`:
-        the most samples each replica may hold (--max_local_batch); `timer`: a pydtnn.observe.timing.StepTimer that counts
-        the synchronized BatchNorm's reductions as wait (default: one of its own, which `train_step` reads,
-        so the seconds it hands the policy are compute without those waits)."""
+        split (a policy that already holds its agreed first split, `policy.sizes`, is not asked again);
+        `weighting`: "proportional", "uniform" or a function weights(sizes) -> list of w_i; `caps`: the most
+        samples each replica may hold (--max_local_batch); `timer`: a pydtnn.observe.timing.StepTimer that
+        counts the synchronized BatchNorm's reductions as wait (default: one of its own, which `train_step`
+        reads, so the seconds it hands the policy are compute without those waits); `emulator`: a
+        pydtnn.parallel.emulation.SpeedEmulator (each forward + backward padded to its deadline) and
+        `emulate_reference` the full-speed ranks it follows; `graphs`: a pydtnn.parallel.step_graphs.StepGraphs
+        that replays forward + backward as a CUDA graph."""
         self.model, self.optimizer = model, optimizer
         self.comm = comm if comm is not None else make_comm("auto")
         self.rank, self.nreplicas = self.comm.rank, self.comm.size
         self.loss = get_loss(loss)
         self.global_batch = int(global_batch)
-        self.caps = balance.caps_for(caps, self.nreplicas)
+        self.caps = proportional.caps_for(caps, self.nreplicas)
         # `log`: where a re-split is announced (default: printed by rank 0)
         self.log = log or (lambda msg: print(msg, flush=True) if self.rank == 0 else None)
         self.policy = make_policy("none" if policy is None else policy)
-        if devices is not None or len(self.policy.devices) != self.nreplicas:
-            self.policy.bind(self.rank, self.nreplicas, devices, self.policy.options)
-        if sizes is None or self.policy.sizes is None:
+        if self.policy.sizes is None:        # asked once in a run: the launcher's policy comes with its split
             proposed, error = None, None
             try:
-                proposed = self.checked(policy_calls.call(self.policy, "initial_sizes", self.global_batch,
-                                                          self.nreplicas, self.caps))
+                proposed = policy_calls.initial_split(self.policy, self.global_batch, self.nreplicas, self.caps,
+                                                      self.rank, devices)
             except PyDTNNError as e:
                 error = e
             proposed = self.agreed(proposed, error, "for the initial split")
+        else:
+            proposed = self.policy.sizes
         self.adopt(proposed if sizes is None else
                    balance.check_split(sizes, self.global_batch, self.nreplicas, self.caps, "local batch sizes",
                                        self.policy.allow_zero))
@@ -79,6 +90,8 @@ class DataParallel:
         self.weights(self.sizes)                      # a user's function that fails, fails before any step
         self.reports = StepReports(self.nreplicas)    # what after_step tells the policy
         self.emulator = emulator                      # pydtnn.parallel.emulation.SpeedEmulator, or None
+        self.emulate_reference = list(emulate_reference)
+        self.graphs = graphs
         self.clip_grad_norm = check_max_norm(clip_grad_norm)
         self.clipped_steps = 0         # steps whose reduced gradient was clipped (same count on every rank)
         self.reducer = BucketedReducer(self.comm, model.grads) if non_blocking and self.nreplicas > 1 else None
@@ -87,6 +100,7 @@ class DataParallel:
         self.timer = timer if timer is not None else StepTimer()
         self._bn_sync = BatchNormSync(self.comm, timer=self.timer) if self.sync_batchnorm else None
         self.sync_batchnorm_layers(True)
+        self._side_depth = 0
         self.steps = 0
         # replicas start from the same weights and running statistics (rank 0's)
         self.comm.bcast_(model.params, root=0)
@@ -100,7 +114,7 @@ class DataParallel:
                                    f"balance policy {self.policy.name}", self.policy.allow_zero)
 
     def agreed(self, split, error, when):
-        """The policy's split (or None) once every rank agrees on it (`pydtnn.parallel.policy_calls`)."""
+        """The policy's split (or None) once every rank agrees on it (`pydtnn.parallel.balance.policy_calls`)."""
         if policy_calls.needs_agreement(self.policy, self.comm):
             return policy_calls.agree(self.comm, self.policy, split, error, when)
         if error is not None:
@@ -145,7 +159,7 @@ class DataParallel:
         """This replica's factor w_i on its mean gradient for a step of `step_sizes`."""
         return self.weights(step_sizes)[self.rank]
 
-    def local_gradients(self, x, y, weight, overlap=True, sync=True):
+    def forward_backward(self, x, y, weight, overlap=True, sync=True):
         """Forward + backward on this rank's samples, gradients scaled by `weight`; with non_blocking the
         reduction's buckets start while backward runs (`overlap=False`: a pass that must not communicate).
         Nothing waits for the device inside; `sync` waits for it at the end (the step's compute time is
@@ -158,6 +172,36 @@ class DataParallel:
         if sync:        # the step's compute time is the device's: wait for it (after backward, not inside)
             self.model.backend.synchronize()
         return value, y_pred
+
+    def local_gradients(self, x, y, weight, overlap=True, sync=True):
+        """`forward_backward` as a step runs it: replayed as a CUDA graph (`graphs`) where one serves, and
+        padded to the emulated device's deadline (`emulator`; the waits inside, synchronized BatchNorm's,
+        are no emulated compute)."""
+        emulating = self.emulator is not None and self.emulator.active
+        start = self.emulator.clock() if emulating else None
+        waited = self.timer.step_wait_s
+
+        def eager():
+            return self.forward_backward(x, y, weight, overlap, sync)
+        value, y_pred = eager() if self.graphs is None else self.graphs.gradients(x, y, weight, eager, sync=sync)
+        if emulating:
+            with self.timer.phase("emulated slowdown", category="backward"):
+                self.emulator.pad(start + (self.timer.step_wait_s - waited), len(x))
+        return value, y_pred
+
+    def calibrate_emulation(self, x, y, weight):
+        """The emulated speed's unit, this replica's own time per sample, timed on passes that leave no trace
+        before its first step (`SpeedEmulator.calibrate`; without it, a loop of your own, the emulator takes
+        the median of its first real steps); nothing once calibrated or at full speed."""
+        emulator = self.emulator
+        if emulator is None or not emulator.active or emulator.calibrated or not len(x):   # 0: sitting out
+            return
+
+        def once():
+            self.model.compute_gradients(x, y, self.loss, loss_scale=weight)
+            self.model.backend.synchronize()
+        with self.side_passes():
+            emulator.calibrate(once, len(x))
 
     def no_samples(self, x, y, weight):
         """A step this replica sits out (a policy's split gave it 0 samples, where --balance_options allow_zero
@@ -180,25 +224,24 @@ class DataParallel:
         self.optimizer.step(self.model.params, self.model.grads)
 
     # --- the step protocol -----------------------------------------------------------------------------
-    def step(self, x, y, weight, share, *, gradients=None, metric_fns=(), data_error=False, flags=None,
+    def step(self, x, y, weight, share, *, metric_fns=(), data_error=False, flags=None,
              lagged=False) -> StepRecord:
         """One step on this rank's b_i samples (x, and y on the device), 1. to 4. of the module's protocol;
         returns the record every rank agrees on. `weight`: this replica's w_i; `share`: b_i / the step's
         samples (the loss and `metric_fns` are reported b_i-weighted whatever the gradient weighting);
-        `gradients(x, y, weight)`: forward + backward (default `local_gradients`; with `lagged` one that does
-        not wait for the device); `data_error` and the flags `flags()` returns (read after the update: a
-        signal during the step counts in it) are agreed on with the record. `lagged` (one replica): nothing
-        waits for the device; returns a `LaggedStep`, its flags known, its record read by `settled()`."""
+        `data_error` and the flags `flags()` returns (read after the update: a signal during the step counts
+        in it) are agreed on with the record. `lagged` (one replica): nothing waits for the device; returns a
+        `LaggedStep`, its flags known, its record read by `settled()`. With an emulator that follows
+        full-speed replicas (`emulate_reference`), their compute per sample is its clock after each step."""
         b_i = len(x)
         if lagged and self.nreplicas > 1:
             raise ValueError("a lagged step needs one replica: several reduce their records every step")
-        gradients = ((gradients or functools.partial(self.local_gradients, sync=not lagged)) if b_i
-                     else self.no_samples)
         backend = self.model.backend
         self.timer.start_step(b_i)
         start = backend.mark() if lagged else None
         with self.timer.compute(None):       # the layers' own events show it when tracing
-            value, y_pred = gradients(x, y, weight)
+            value, y_pred = (self.local_gradients(x, y, weight, sync=not lagged) if b_i
+                             else self.no_samples(x, y, weight))
         end = backend.mark() if lagged else None
         with self.timer.wait("allreduce", bytes=0 if self.nreplicas == 1 else int(self.model.grads.nbytes)):
             self.reduce()
@@ -219,7 +262,10 @@ class DataParallel:
         with self.timer.wait("stats allreduce", bytes=int(packed.nbytes)):
             self.comm.allreduce_sum_(packed)
         self.timer.end_step()
-        return StepRecord.unpack(packed, len(metric_fns), self.nreplicas)
+        record = StepRecord.unpack(packed, len(metric_fns), self.nreplicas)
+        if self.emulate_reference and self.emulator is not None and self.emulator.active:
+            self.emulator.follow(float(np.mean(record.compute_s_per_sample[self.emulate_reference])))
+        return record
 
     # --- a whole step, for a researcher's loop -------------------------------------------------------------
     def train_step(self, x_local, y_local) -> float:
@@ -229,23 +275,12 @@ class DataParallel:
             raise ShapeError(f"rank {self.rank} holds {b_i} samples of the split {self.sizes}, got {len(x_local)} "
                              f"inputs and {len(y_local)} targets (use dp.local_slice)")
         y = self.model.backend.asarray(as_targets(y_local, self.model.output_shape[-1], self.model.dtype))
-        gradients = None
-        if self.emulator is not None and self.emulator.active:
+        if self.emulator is not None:
             self.emulator.step = self.steps
-            gradients = self.emulated_gradients
-        record = self.step(x_local, y, self.weight(self.sizes), b_i / self.global_batch, gradients=gradients)
+        record = self.step(x_local, y, self.weight(self.sizes), b_i / self.global_batch)
         self.after_step(self.steps, record)
         self.steps += 1
         return record.loss
-
-    def emulated_gradients(self, x, y, weight):
-        """`local_gradients`, padded to the emulated device's time (`emulator`; its own real compute per
-        sample, of its first steps, is its unit where the costs are relative)."""
-        start = self.emulator.clock()
-        waited = self.timer.step_wait_s
-        out = self.local_gradients(x, y, weight)
-        self.emulator.pad(start + (self.timer.step_wait_s - waited), len(x))
-        return out
 
     # --- BatchNorm ---------------------------------------------------------------------------------------
     def average_running_stats(self):
@@ -269,3 +304,26 @@ class DataParallel:
         for layer in self.model.all_layers():
             if isinstance(layer, BatchNormalization):
                 layer.sync = sync
+
+    # --- passes that leave no trace ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def side_passes(self):
+        """Passes one rank runs on its own that must leave no trace (speed probes, emulation calibration):
+        no BatchNorm collectives; running statistics, the dropout RNG and the gradients restored after."""
+        saved = [a.copy() for a in self.running_stats()]
+        rng = self.model.backend.rng
+        rng_state = rng.bit_generator.state if hasattr(rng, "bit_generator") else None
+        grads = self.model.grads.copy()
+        self._side_depth += 1                 # nested (a probe's first pass calibrates the emulation)
+        self.sync_batchnorm_layers(False)
+        try:
+            yield
+        finally:
+            self._side_depth -= 1
+            if not self._side_depth:
+                self.sync_batchnorm_layers(True)
+            for a, s in zip(self.running_stats(), saved):
+                a[...] = s
+            if rng_state is not None:
+                rng.bit_generator.state = rng_state
+            self.model.grads[...] = grads

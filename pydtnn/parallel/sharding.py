@@ -1,6 +1,6 @@
 """Sharding: which samples each replica takes at each global step of an epoch.
 
-Plain arithmetic on its arguments, like the partition it builds on (`pydtnn.parallel.partition`): every rank
+Plain arithmetic on its arguments, like the partition it builds on (`pydtnn.parallel.balance.proportional`): every rank
 computes the same number of steps and every replica's sample indices without talking about it.
 
 Every epoch all ranks hold the same permutation ``order`` of the N sample indices
@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from pydtnn.errors import ConfigError
-from pydtnn.parallel.partition import checked_int, checked_sizes, partition
+from pydtnn.parallel.balance.proportional import checked_int, checked_sizes, partition
 
 __all__ = ["steps_in_epoch", "step_span", "step_sizes", "shard", "epoch_permutation"]
 

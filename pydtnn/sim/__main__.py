@@ -177,7 +177,7 @@ def _scenario(a, P, policy, profiles, speed_factors):
 
 def _cost_model(a):
     """--cost_model: a CostModel JSON, or a checkpoint whose policy state holds one."""
-    from pydtnn.parallel.cost_model import CostModel
+    from pydtnn.parallel.balance.cost_model import CostModel
     if not a.cost_model:
         return None
     if not a.cost_model.endswith(".npz"):

@@ -8,7 +8,7 @@ same on every 64-bit machine), counted as BYTES_PER_REPLICA with a third more fo
 Time: a step is a few (P,)-array passes, a re-split or a point of the best partition's cost model rebuilds
 the step model; how long depends on this machine and on the policy. So a run of many replicas is first timed
 at ESTIMATE_AT replicas, the same scenario, and the full run's time said before it starts (every pass is
-linear in P); then the time left is measured on the steps done (`pydtnn.training.progress`: a bar on a
+linear in P); then the time left is measured on the steps done (`pydtnn.observe.progress`: a bar on a
 terminal, a plain line every 10 s elsewhere).
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ def progress_for(replicas: int, steps: int, what: str):
     """A progress bar over the steps of a long simulation (None for a short one)."""
     if replicas * steps < SHOW_PROGRESS_FROM:
         return None
-    from pydtnn.training.progress import progress
+    from pydtnn.observe.progress import progress
     return progress(total=steps, desc=what, unit="step")
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pydtnn.errors import ConfigError
-from pydtnn.parallel import balance
+from pydtnn.parallel import sharding
 from pydtnn.sim.collectives import resolve_algorithm
 from pydtnn.sim.policies import PolicyDriver, make_policy
 from pydtnn.sim.step_model import Collective, StepModel
@@ -44,7 +44,7 @@ class Scenario:
     seed: int = 0
     balance_options: dict | None = None
     devices: list | None = None        # one of "cpu" / "gpu" per replica (what a policy is told)
-    cost_model: object = None          # a run's pydtnn.parallel.cost_model.CostModel: replica compute from it
+    cost_model: object = None          # a run's pydtnn.parallel.balance.cost_model.CostModel: replica compute from it
 
     @property
     def replicas(self) -> int:
@@ -145,9 +145,9 @@ class SimProbe:
 
 
 def cost_model_of(sc, points=12):
-    """The scenario's replicas as a CostModel (pydtnn.parallel.cost_model): each one's compute, from the
+    """The scenario's replicas as a CostModel (pydtnn.parallel.balance.cost_model): each one's compute, from the
     step model without noise, at `points` local batches spaced geometrically up to B."""
-    from pydtnn.parallel.cost_model import CostModel, ReplicaCost
+    from pydtnn.parallel.balance.cost_model import CostModel, ReplicaCost
     collective = _collective(sc)
     emulate = None if sc.speed_factors is None else (max(sc.speed_factors) / np.asarray(sc.speed_factors, float))
     probe = SimProbe(sc, collective, emulate)
@@ -166,7 +166,7 @@ def _collective(sc):
 
 
 def simulate(sc: Scenario, progress=None) -> Result:
-    """`progress`: a bar (`pydtnn.training.progress`) that counts the steps, closed at the end."""
+    """`progress`: a bar (`pydtnn.observe.progress`) that counts the steps, closed at the end."""
     _check(sc)
     P = sc.replicas
     collective = _collective(sc)
@@ -211,7 +211,7 @@ def simulate(sc: Scenario, progress=None) -> Result:
             progress.update(1)
     if progress is not None:
         progress.close()
-    spe = balance.steps_in_epoch(sc.samples, sc.global_batch, sc.steps_per_epoch)
+    spe = sharding.steps_in_epoch(sc.samples, sc.global_batch, sc.steps_per_epoch)
     return Result(sc, steps, sizes, compute_sum / sc.steps, wait_sum / sc.steps, rebalances, spe,
                   extra={"compute_alone": model.compute_alone if model.emulate is None else
                          np.maximum(model.compute_alone, model.emulate)})
@@ -219,8 +219,8 @@ def simulate(sc: Scenario, progress=None) -> Result:
 
 def best_partition(sc: Scenario):
     """The split with equal finish times under the scenario's cost model (`cost_model_of`, solved by the
-    launcher's `pydtnn.parallel.fpm_partition.equal_finish`), and its noise-free step seconds."""
-    from pydtnn.parallel.fpm_partition import equal_finish
+    launcher's `pydtnn.parallel.balance.fpm_partition.equal_finish`), and its noise-free step seconds."""
+    from pydtnn.parallel.balance.fpm_partition import equal_finish
     _check(sc)
     sizes = equal_finish(sc.global_batch, cost_model_of(sc))
     t, _, _ = _model(sc, sizes, _collective(sc), None if sc.speed_factors is None else

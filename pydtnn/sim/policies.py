@@ -1,4 +1,4 @@
-"""The balancing policies of the simulator are the launcher's: `pydtnn.parallel.policies.make_policy`.
+"""The balancing policies of the simulator are the launcher's: `pydtnn.parallel.balance.policies.make_policy`.
 
 `--balance` takes what the launcher's takes: none | equal | static | probe | fpm | dynamic, or a user's
 `FILE.py:CLASS` / `module:CLASS` (a `pydtnn.parallel.balance.BalancePolicy` subclass) with
@@ -7,14 +7,14 @@ and `pydtnn.parallel.DataParallel` do it: bound to rank 0 of P, the initial spli
 (`balance.check_split`) and put in `policy.sizes`; the probe a policy asks for before the first step (the
 FPM's `probe_costs(probe)`, timed by the step model, or the constant model's `probed(B, speeds, caps)`);
 then after every step `after_step(step, report)` with the step's `StepReport`, each new split checked. A
-user's policy that raises is one line plus its own frames (`pydtnn.parallel.policy_calls`).
+user's policy that raises is one line plus its own frames (`pydtnn.parallel.balance.policy_calls`).
 """
 from __future__ import annotations
 
 from pydtnn.parallel import balance
-from pydtnn.parallel.policies import NAMES, make_policy as launcher_policy
-from pydtnn.parallel.policy_calls import call
-from pydtnn.parallel.step_report import StepReport
+from pydtnn.parallel.balance.policies import NAMES, make_policy as launcher_policy
+from pydtnn.parallel.balance.policy_calls import call
+from pydtnn.parallel.balance.step_report import StepReport
 
 __all__ = ["NAMES", "make_policy", "PolicyDriver"]
 

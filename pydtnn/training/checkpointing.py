@@ -14,7 +14,6 @@ import numpy as np
 
 from pydtnn.errors import CheckpointError, ConfigError
 from pydtnn.weights import META_KEY, OPTIMIZER_PREFIX, atomic_savez, open_npz, read_npz
-from pydtnn.weights import load_weights, save_weights  # noqa: F401  (moved to pydtnn.weights; here for one release)
 
 FORMAT = "pydtnn-checkpoint-1"
 
@@ -136,6 +135,8 @@ def validate_meta(meta, path) -> None:
     _check(isinstance(scheds, list) and all(isinstance(s, list) and len(s) == 2 and isinstance(s[0], str)
                                             and isinstance(s[1], dict) for s in scheds),
            path, "schedulers", "a list of [name, object] pairs", scheds)
+    callbacks = meta.get("callbacks")                 # written since callbacks resume (older ones lack it)
+    _check(callbacks is None or isinstance(callbacks, dict), path, "callbacks", "null or an object", callbacks)
     bal = get("balancer")
     if bal is not None:
         _check(isinstance(bal, dict), path, "balancer", "null or an object", bal)

@@ -1,52 +1,49 @@
 """The training loop (`Trainer`): epochs of global steps, the callbacks in their fixed order, evaluation.
 
-Every rank runs the same number of global steps whatever the split and the dataset size (collectives match).
-A step: this rank's b_i samples of the epoch's shared order (`balance.shard`), the engine's step protocol
-(`pydtnn.parallel.DataParallel.step`) with the loop's side of it (`pydtnn.training.step`: the prefetched
-batch, --emulate_speeds, the metrics), then, once its numbers are read (`pydtnn.training.step_settle`: at its
-end, or a step later on a GPU: `pydtnn.parallel.lagged_step`), the callbacks' `on_batch_end` with what every
-rank agreed on and the balance policy, then a full checkpoint if the ranks agreed on one
-(`pydtnn.training.preemption`).
+The Trainer composes the run's parts and inherits none: the engine (`pydtnn.parallel.DataParallel`: split,
+weighting, reduction, update, the emulated speed, the CUDA graph's replay), the loop's side of a step
+(`pydtnn.training.step.TrainerStep`: the prefetched batch, the metrics), one epoch (`pydtnn.training.epoch.
+EpochLoop`: its steps, each settled once its numbers are read, its history row), the checkpoints between
+steps (`pydtnn.training.preemption`), the outputs' rescue (`pydtnn.training.output_rescue`) and the callbacks.
 Nothing trained is lost when an output fails: the writers never raise into the loop nor enter a collective of
 their own; the ranks agree on a failure after the step (a flag in its record) or at the epoch's end, and every
-rank stops there together and writes the full checkpoint of that point (`Trainer.rescue`).
+rank stops there together and writes the full checkpoint of that point.
 Its options: `pydtnn.training.options`; its state in a checkpoint: `pydtnn.training.trainer_state`; the
-speed probe: `pydtnn.training.probe`; its own callbacks: `pydtnn.training.loop_callbacks`.
+speed probe: `pydtnn.parallel.balance.probe`; its own callbacks: `pydtnn.training.loop_callbacks`.
 """
 from __future__ import annotations
 
 import contextlib
+import resource
 import time
-
-import numpy as np
 
 from pydtnn.callbacks import call
 from pydtnn.errors import ConfigError, OutputError
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
-from pydtnn.observe.timing import ReplicaStats, StepTimer, Timeline, write_chrome_trace
-from pydtnn.parallel import balance
+from pydtnn.observe.timeline import Timeline, write_chrome_trace
+from pydtnn.observe.timing import ReplicaStats, StepTimer
+from pydtnn.parallel import sharding, step_graphs
+from pydtnn.parallel.balance.policies import make_policy
+from pydtnn.parallel.balance.probe import probe_split
 from pydtnn.parallel.comm import SerialComm, raise_together
 from pydtnn.parallel.data_parallel import DataParallel
 from pydtnn.parallel.emulation import SpeedEmulator
-from pydtnn.parallel.policies import make_policy
-from pydtnn.training import step_graphs, trainer_state
+from pydtnn.training import trainer_state
+from pydtnn.training.epoch import EpochLoop
 from pydtnn.training.evaluation import evaluate_split
 from pydtnn.training.loop_callbacks import HistoryWriter, ProgressBar
 from pydtnn.training.options import grouped
 from pydtnn.training.output_rescue import OutputRescue
-from pydtnn.training.epoch_report import EpochReport
 from pydtnn.training.preemption import Preempted, StepCheckpoints
-from pydtnn.training.probe import probe_split
 from pydtnn.training.step import TrainerStep
 from pydtnn.training.step_insight import StepInsight
-from pydtnn.training.step_settle import StepSettle
 from pydtnn.training.tokens import tokens_per_sample
 
 __all__ = ["Trainer", "Preempted"]
 
 
-class Trainer(OutputRescue, EpochReport, StepSettle):
+class Trainer:
     """The training loop. Callbacks (`pydtnn.callbacks`, where their order is fixed): the schedulers, the
     user's `callbacks`, then the loop's own history file and progress bar (`pydtnn.training.loop_callbacks`).
     The checkpoint cadence and preemption are no callbacks (`pydtnn.training.preemption`): they act on the
@@ -70,28 +67,33 @@ class Trainer(OutputRescue, EpochReport, StepSettle):
         self.global_batch = int(par.global_batch)
         self.gradient_weighting = par.gradient_weighting
         self.stats = ReplicaStats()
+        emulator = SpeedEmulator(emu.emulate_speed, spin=emu.emulate_spin, cost=emu.emulate_cost,
+                                 schedule=emu.emulate_schedule)
+        self.lagged = (model.backend.asynchronous and self.nreplicas == 1 and not emulator.active
+                       if run.lagged_reads is None else bool(run.lagged_reads))
+        if self.lagged and self.nreplicas > 1:
+            raise ConfigError("lagged_reads needs one replica (several reduce their step records every step)")
         # what a person reads (epoch lines, per-replica tables, re-splits) goes to stdout, in order with the rest
         self.log = out.log or (lambda msg: print(msg, flush=True) if self.rank == 0 else None)
         self.tracer_output = out.tracer_output
         self.timeline = Timeline(self.rank, enabled=bool(self.tracer_output), steps=out.trace_steps)
         self.timer = StepTimer(self.stats, self.timeline if self.tracer_output else None)
         # the step's engine: split (a BalancePolicy; `balance_mode` names a built-in one), weighting,
-        # reduction, synchronized BatchNorm, clipping, update
+        # reduction, synchronized BatchNorm, clipping, update, the emulated speed, the CUDA graph's replay
         self.dp = DataParallel(model, optimizer, global_batch=self.global_batch, comm=self.comm, sizes=par.sizes,
                                policy=par.policy if par.policy is not None else
                                make_policy(par.balance_mode, interval=par.rebalance_interval),
                                weighting=par.gradient_weighting, loss=self.loss, caps=par.max_local_batch,
                                non_blocking=par.non_blocking, sync_batchnorm=par.sync_batchnorm,
                                clip_grad_norm=par.clip_grad_norm, timer=self.timer, devices=par.devices,
-                               log=self.log)
+                               log=self.log, emulator=emulator, emulate_reference=emu.emulate_reference,
+                               graphs=self._step_graphs(model, par, out) if run.cuda_graphs else None)
         self.caps, self.policy, self.reducer = self.dp.caps, self.dp.policy, self.dp.reducer
         if self.reducer is not None and self.tracer_output:
             self.reducer.timeline = self.timeline
         self.sync_batchnorm = self.dp.sync_batchnorm
-        emulator = SpeedEmulator(emu.emulate_speed, spin=emu.emulate_spin, cost=emu.emulate_cost,
-                                 schedule=emu.emulate_schedule)
         self.steps_per_epoch_arg = int(run.steps_per_epoch)
-        self.steps_per_epoch = balance.steps_in_epoch(len(dataset.train), self.global_batch, self.steps_per_epoch_arg)
+        self.steps_per_epoch = sharding.steps_in_epoch(len(dataset.train), self.global_batch, self.steps_per_epoch_arg)
         if int(run.seed) < 0:
             raise ConfigError(f"seed must be >= 0, got {run.seed} (--seed)")
         self.seed = int(run.seed)
@@ -110,32 +112,25 @@ class Trainer(OutputRescue, EpochReport, StepSettle):
         self.checkpoints = StepCheckpoints(ckpt.checkpoint_dir, ckpt.save_steps, ckpt.save_minutes,
                                            ckpt.handle_signals, ckpt.clock)
         self.checkpoints.rank = self.rank
+        self.outputs = OutputRescue(self.comm, self.checkpoints, self.callback_order)
         self.start_step = 0            # steps already done inside start_epoch (a mid-epoch checkpoint)
         self.resumed_partial = None    # that epoch's partial sums
         self.restored_split = False    # the split came from a checkpoint (no probe needed)
         self.last_point = None         # (epochs, steps, sums, samples) this run last completed: a rescue's
-        self.step_runner = TrainerStep(model, dataset, self.dp, self.loss, self.metric_fns, emulator,
-                                       emu.emulate_reference, self.span)
+        self.step_runner = TrainerStep(model, dataset, self.dp, self.metric_fns, self.span, lagged=self.lagged)
+        self.epochs = EpochLoop(self)
         self.insight = StepInsight(model, self.timeline, bool(self.tracer_output), out.profile_layers,
                                    waited=lambda: self.timer.step_wait_s)
         self.layer_profile = self.insight.layer_profile      # --profile_layers: the per-layer time table
         self.tokens_per_sample = tokens_per_sample(dataset, self.loss)   # a language model's: tokens/s, perplexity
         self.run_first_step = None        # (seconds, samples) of this run's first step: it compiles, left out of rates
-        self.lagged = (model.backend.asynchronous and self.nreplicas == 1 and not emulator.active
-                       if run.lagged_reads is None else bool(run.lagged_reads))
-        if self.lagged and self.nreplicas > 1:
-            raise ConfigError("lagged_reads needs one replica (several reduce their step records every step)")
-        self.step_runner.lagged = self.lagged
-        if run.cuda_graphs:
-            self.step_runner.graphs = self._step_graphs(model, par, out)
 
     def _step_graphs(self, model, par, out):
         """--cuda_graphs: this replica's StepGraphs (None on a CPU replica of a mixed job); ConfigError where
         graphs cannot work (`step_graphs.refusal`)."""
         gpus = (sum(d == "gpu" for d in par.devices) if par.devices else
                 self.nreplicas if model.backend.graphs else 0)
-        why = step_graphs.refusal(self.nreplicas, gpus, self.dp.reducer is not None, self.dp.sync_batchnorm,
-                                  out.profile_layers)
+        why = step_graphs.refusal(self.nreplicas, gpus, par.non_blocking, par.sync_batchnorm, out.profile_layers)
         if why:
             raise ConfigError(why)
         prefix = "pydtnn: notice: " + (f"rank {self.rank}: " if self.nreplicas > 1 else "")
@@ -150,6 +145,10 @@ class Trainer(OutputRescue, EpochReport, StepSettle):
     checkpoint_dir = property(lambda self: self.checkpoints.checkpoint_dir)
     save_steps = property(lambda self: self.checkpoints.save_steps)
     save_minutes = property(lambda self: self.checkpoints.save_minutes)
+    # the epoch under way, as the progress bar reads it
+    first_step = property(lambda self: self.epochs.first_step)
+    epoch_sums = property(lambda self: self.epochs.sums)
+    epoch_samples = property(lambda self: self.epochs.samples)
 
     def span(self, name, category, always=False, **kwargs):
         """A timeline event when tracing (``always``: also outside --trace_steps), else nothing."""
@@ -161,13 +160,15 @@ class Trainer(OutputRescue, EpochReport, StepSettle):
     def train_step(self, indices, epoch, step_sizes, next_indices=None):
         """One global step on this rank's `indices` (`pydtnn.training.step`); returns the StepRecord every
         rank agreed on, whose flags then decide on a checkpoint."""
-        record = self.step_runner.run(indices, epoch, step_sizes, next_indices, flags=self._local_flags)
+        record = self.step_runner.run(indices, epoch, step_sizes, next_indices, flags=self.outputs.local_flags)
         self.checkpoints.agree(record)
         return record
 
     def probe_split(self):
-        """The balance policy's probe before training, where it asks for one (`pydtnn.training.probe`)."""
-        probe_split(self)
+        """The balance policy's probe before training, where it asks for one (`pydtnn.parallel.balance.probe`);
+        nothing when the split came from a checkpoint."""
+        if not self.restored_split:
+            probe_split(self.dp, self.dataset.train, self.seed)
 
     # --- epochs -----------------------------------------------------------------------------------------
     def fit(self, num_epochs):
@@ -177,7 +178,7 @@ class Trainer(OutputRescue, EpochReport, StepSettle):
         if self.tracer_output:
             self.timeline.start(self.comm)
         self.num_epochs = num_epochs
-        callbacks = self._callbacks()
+        callbacks = self.callback_order()
         # what writes files runs after the epoch's history row: a checkpoint after epoch N holds its row
         writers = [c for c in callbacks if getattr(c, "saves_files", False)]
         writers.sort(key=lambda c: c is not self.history_writer)       # the history file first
@@ -190,9 +191,10 @@ class Trainer(OutputRescue, EpochReport, StepSettle):
                 call(callbacks, "on_train_begin", self)
                 self.agree_on_outputs()          # a full disk at start-up: refused before the first step
                 for epoch in range(self.start_epoch, num_epochs):
-                    self.first_step, self.start_step = self.start_step, 0
+                    first_step, self.start_step = self.start_step, 0
+                    self.epochs.first_step = first_step
                     call(callbacks, "on_epoch_begin", self, epoch)
-                    logs = self.train_epoch(epoch, num_epochs, self.first_step)
+                    logs = self.epochs.run(epoch, first_step)
                     self.epochs_run += 1
                     call(others, "on_epoch_end", self, epoch, logs)
                     logs["learning_rate_next"] = self.optimizer.learning_rate
@@ -203,11 +205,11 @@ class Trainer(OutputRescue, EpochReport, StepSettle):
                     if self.stop_training or epoch + 1 == num_epochs:
                         break
                     if self.checkpoints.due(epoch, self.steps_per_epoch - 1, self.steps_per_epoch):
-                        self._step_checkpoint(epoch + 1, 0)
+                        self.step_checkpoint(epoch + 1, 0)
                 call(callbacks, "on_train_end", self)
             self.elapsed = time.perf_counter() - t_start
-            if self.step_runner.graphs is not None:         # rank 0's, said by rank 0: did graphs serve?
-                self.log(self.step_runner.graphs.summary())
+            if self.dp.graphs is not None:                  # rank 0's, said by rank 0: did graphs serve?
+                self.log(self.dp.graphs.summary())
             if self.tracer_output:
                 # a collective (it gathers every rank's timeline); rank 0 writes
                 raise_together(self.comm, lambda: write_chrome_trace(self.tracer_output, self.timeline,
@@ -216,68 +218,20 @@ class Trainer(OutputRescue, EpochReport, StepSettle):
             self.agree_on_outputs()              # the end's writes (the plot, the last TensorBoard flush)
         except OutputError as e:
             # every rank is here together (each failure above was agreed on): nothing trained is lost
-            raise OutputError(f"{e}; {self.rescue(num_epochs)}") from None
+            raise OutputError(f"{e}; {self.outputs.rescue(self, num_epochs)}") from None
         except BaseException:
-            self.flush_outputs()                 # a preemption, a diverged loss: the files hold every step so far
+            self.outputs.flush(self)             # a preemption, a diverged loss: the files hold every step so far
             raise
         return self.history
 
-    def _callbacks(self):
+    def agree_on_outputs(self):
+        """A collective: if any rank's writer failed, every rank raises that OutputError (rank 0 its text)."""
+        self.outputs.agree()
+
+    def callback_order(self):
         """Every callback in the order each hook runs: the schedulers, the user's, then the loop's own
         (history file, progress bar); `fit` moves the ones that save files after the epoch's row."""
         return self.schedulers + self.callbacks + [c for c in (self.history_writer, self.progress_bar) if c is not None]
-
-    def train_epoch(self, epoch, num_epochs, first_step=0):
-        split = self.dataset.train
-        n = len(split)
-        order = split.epoch_order(self.seed, epoch)
-        self.stats.reset()
-        sums = np.zeros(1 + len(self.metric_fns))
-        samples = 0
-        if first_step:                 # resumed inside this epoch: its sums so far come from the checkpoint
-            samples = trainer_state.resume_partial_epoch(self.resumed_partial, sums, self.stats, self.rank,
-                                                         self.nreplicas)
-        t0 = time.perf_counter()
-        self.epoch_sums, self.epoch_samples = sums, samples   # the progress bar's running means (_settle's)
-        callbacks = self._callbacks()
-
-        # lagged (a GPU, one replica): a step's numbers are read after the next step is queued, so the
-        # device always has work; a step is settled at once where the loop acts on it (the epoch's end, a
-        # checkpoint, a failed output), so every checkpoint holds whole steps
-        pending = None
-        for step in range(first_step, self.steps_per_epoch):
-            global_step = epoch * self.steps_per_epoch + step
-            call(callbacks, "on_batch_begin", self, global_step)
-            rate = self.optimizer.learning_rate        # the rate this step trains with
-            sizes = balance.step_sizes(step, self.global_batch, self.sizes, n, self.steps_per_epoch_arg)
-            idx = balance.shard(order, step, self.global_batch, self.sizes, self.rank, n, self.steps_per_epoch_arg)
-            nxt = (balance.shard(order, step + 1, self.global_batch, self.sizes, self.rank, n,
-                                 self.steps_per_epoch_arg) if step + 1 < self.steps_per_epoch else None)
-            self.insight.begin_step(global_step + 1, len(idx))
-            self.step_runner.emulator.step = global_step            # --emulate_schedule's clock
-            t_step = time.perf_counter()
-            try:
-                handle = self.train_step(idx, epoch, sizes, nxt)
-            except BaseException:
-                if pending is not None:         # the outputs then hold every step before the failing one
-                    self._settle(epoch, *pending[0], time.perf_counter() - pending[1], callbacks)
-                raise
-            if pending is not None:
-                self._settle(epoch, *pending[0], t_step - pending[1], callbacks)
-            pending = ((global_step, step, sizes, rate, handle), t_step)
-            last = step + 1 == self.steps_per_epoch
-            due = not last and self.checkpoints.due(epoch, step, self.steps_per_epoch)
-            if self.lagged and not (last or due or handle.output_failed):
-                continue
-            self._settle(epoch, *pending[0], time.perf_counter() - t_step, callbacks)
-            pending = None
-            if handle.output_failed and not last:
-                self.agree_on_outputs()          # raises on every rank: fit's rescue follows
-            if due:
-                self._step_checkpoint(epoch, step + 1, trainer_state.partial_epoch(self, sums,
-                                                                                  self.epoch_samples))
-        self.dp.average_running_stats()
-        return self._epoch_logs(epoch, sums, self.epoch_samples, time.perf_counter() - t0)
 
     # --- evaluation -------------------------------------------------------------------------------------
     def evaluate(self, split):
@@ -301,6 +255,23 @@ class Trainer(OutputRescue, EpochReport, StepSettle):
         self.checkpoints.latest = path
         return meta
 
-    def _step_checkpoint(self, epoch, step, partial=None):
+    def step_checkpoint(self, epoch, step, partial=None):
         """A full checkpoint `epoch` epochs and `step` steps in; on a signal, then raise Preempted."""
         self.checkpoints.write(self.save_checkpoint, self.comm, epoch, step, self.steps_per_epoch, partial)
+
+    # --- the end ----------------------------------------------------------------------------------------
+    def report(self):
+        """The final report's lines: time, time per epoch, throughput (the run's first step, which compiles,
+        left out), peak memory."""
+        samples = sum(h["samples_per_s"] * h["time_s"] for h in self.history[-self.epochs_run:]) if self.epochs_run else 0
+        first_s, first_samples = self.run_first_step or (0.0, 0)
+        if samples > first_samples and self.elapsed > first_s:
+            rate, why = (samples - first_samples) / (self.elapsed - first_s), "the first step, which compiles, left out"
+        else:
+            rate, why = samples / max(self.elapsed, 1e-9), "one step: its compilation included"
+        tokens = f" = {rate * self.tokens_per_sample:,.0f} tokens/s" if self.tokens_per_sample else ""
+        peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return [f"training time: {self.elapsed:.2f} s over {self.epochs_run} epoch(s)",
+                f"time per epoch: {self.elapsed / max(self.epochs_run, 1):.2f} s",
+                f"throughput: {rate:.1f} samples/s{tokens} (all replicas; {why})",
+                f"peak host memory (rank 0): {peak_mib:.0f} MiB"]

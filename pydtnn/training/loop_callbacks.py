@@ -13,7 +13,7 @@ import time
 from pydtnn.callbacks import Callback
 from pydtnn.errors import OutputError
 from pydtnn.outputs import atomic_write
-from pydtnn.training.progress import progress
+from pydtnn.observe.progress import progress
 
 
 class HistoryWriter(Callback):
@@ -51,7 +51,7 @@ class HistoryWriter(Callback):
 
 
 class ProgressBar(Callback):
-    """One bar per epoch on stderr (`pydtnn.training.progress`): the epoch's running loss, metrics, samples/s
+    """One bar per epoch on stderr (`pydtnn.observe.progress`): the epoch's running loss, metrics, samples/s
     and time left.
 
     The rate and the time left are measured from the end of the epoch's first step: the run's first step

@@ -47,7 +47,7 @@ class Loop:
     # inside a step (pydtnn.parallel.lagged_step); None: where the backend is asynchronous (a GPU) and the
     # run has one replica, without --emulate_speeds
     lagged_reads: Any = None
-    # forward + backward captured as a CUDA graph and replayed (pydtnn.training.step_graphs; GPU replicas)
+    # forward + backward captured as a CUDA graph and replayed (pydtnn.parallel.step_graphs; GPU replicas)
     cuda_graphs: bool = False
 
 

@@ -1,18 +1,16 @@
 """The Trainer's side of one global step, on the engine's protocol (`pydtnn.parallel.DataParallel.step`).
 
-Around the protocol (forward + backward, reduction, update, the step's record reduction) this adds what
-only the launcher's loop has: this rank's batch of the epoch's shared order, taken in the background during
-the previous step (`pydtnn.training.prefetch`) and sent on to the device by the backend's input pipeline
+Around the protocol (forward + backward, reduction, update, the step's record reduction; the emulated speed
+and the CUDA graph's replay are the engine's too) this adds what only the launcher's loop has: this rank's
+batch of the epoch's shared order, taken in the background during the previous step
+(`pydtnn.training.prefetch`) and sent on to the device by the backend's input pipeline
 (`Backend.input_pipeline`: on a GPU an asynchronous copy from pinned memory; integer labels travel as they are
-and become one-hot targets there); --emulate_speeds (calibrated before the first step, each
-compute padded to its deadline, the full-speed replicas followed); the loop's metrics; and the agreement on
-a rank that could not read its batch (the flag rides in the step's record, then every rank raises it).
-
-Passes one rank runs on its own (speed probes, the emulation's calibration) go through `side_passes`.
+and become one-hot targets there); the emulation's calibration before the first step; the loop's metrics;
+the GPU's convolution plans checked after the first step; and the agreement on a rank that could not read
+its batch (the flag rides in the step's record, then every rank raises it).
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import numpy as np
@@ -25,21 +23,17 @@ from pydtnn.training.prefetch import BatchPrefetcher
 
 
 class TrainerStep:
-    def __init__(self, model, dataset, dp, loss, metric_fns, emulator, emulate_reference, span):
-        """`dp`: the engine (its `timer` times the step); `emulator`: a pydtnn.parallel.emulation.SpeedEmulator
-        and `emulate_reference` the full-speed ranks it follows; `span(name, category, **args)`: a timeline
-        event when tracing (the Trainer's)."""
-        self.model, self.dataset, self.dp, self.loss = model, dataset, dp, loss
+    def __init__(self, model, dataset, dp, metric_fns, span, lagged=False):
+        """`dp`: the engine (its `timer` times the step); `span(name, category, **args)`: a timeline event when
+        tracing (the Trainer's); `lagged`: steps read a step late (`pydtnn.parallel.lagged_step`)."""
+        self.model, self.dataset, self.dp = model, dataset, dp
         self.metric_fns = metric_fns
-        self.emulator, self.emulate_reference = emulator, list(emulate_reference)
         self.span = span
+        self.lagged = lagged
         self.nclasses = model.output_shape[-1]        # classes of (N, K) or per-position (N, T, K) outputs
         self.inputs = model.backend.input_pipeline()
         self.plan_guard = None          # what guard_plans measured ({}: nothing to compare)
         self.prefetcher = BatchPrefetcher(self.take)
-        self._side_depth = 0
-        self.lagged = False             # the Trainer's: steps read a step late (`pydtnn.parallel.lagged_step`)
-        self.graphs = None              # the Trainer's StepGraphs with --cuda_graphs (`pydtnn.training.step_graphs`)
 
     # --- this rank's batch ------------------------------------------------------------------------------
     def take(self, indices, epoch):
@@ -67,56 +61,6 @@ class TrainerStep:
             x = np.zeros((n,) + tuple(self.model.input_shape), np.int64 if getattr(first, "ids", False) else np.float32)
             return self.inputs.put(x, np.zeros((n,) + tuple(self.model.output_shape), self.model.dtype)), e
 
-    # --- passes that leave no trace ---------------------------------------------------------------------
-    @contextlib.contextmanager
-    def side_passes(self):
-        """Passes one rank runs on its own that must leave no trace (speed probes, emulation calibration):
-        no BatchNorm collectives; running statistics, the dropout RNG and the gradients restored after."""
-        saved = [a.copy() for a in self.dp.running_stats()]
-        rng = self.model.backend.rng
-        rng_state = rng.bit_generator.state if hasattr(rng, "bit_generator") else None
-        grads = self.model.grads.copy()
-        self._side_depth += 1                 # nested (a probe's first pass calibrates the emulation)
-        self.dp.sync_batchnorm_layers(False)
-        try:
-            yield
-        finally:
-            self._side_depth -= 1
-            if not self._side_depth:
-                self.dp.sync_batchnorm_layers(True)
-            for a, s in zip(self.dp.running_stats(), saved):
-                a[...] = s
-            if rng_state is not None:
-                rng.bit_generator.state = rng_state
-            self.model.grads[...] = grads
-
-    # --- the emulated speed -----------------------------------------------------------------------------
-    def calibrate_emulation(self, x, y, weight):
-        """--emulate_speeds: this replica's own time per sample, before its first step (pydtnn.parallel.emulation);
-        nothing once calibrated or at full speed."""
-        if not self.emulator.active or self.emulator.calibrated or not len(x):    # (0: a replica sitting out)
-            return
-        def once():
-            self.model.compute_gradients(x, y, self.loss, loss_scale=weight)
-            self.model.backend.synchronize()
-        with self.side_passes():
-            self.emulator.calibrate(once, len(x))
-
-    def local_gradients(self, x, y, weight, overlap=True):
-        """The engine's forward + backward, padded to the emulated speed's deadline."""
-        self.calibrate_emulation(x, y, weight)          # a speed probe's first pass
-        timer = self.dp.timer
-        start = self.emulator.clock()
-        waited = timer.step_wait_s
-        def eager():
-            return self.dp.local_gradients(x, y, weight, overlap, sync=not self.lagged)
-        value, y_pred = eager() if self.graphs is None else self.graphs.gradients(x, y, weight, eager,
-                                                                                  sync=not self.lagged)
-        if self.emulator.active:        # the emulated compute excludes the waits in it (synchronized BatchNorm)
-            with self.span("emulated slowdown", "backward"):
-                self.emulator.pad(start + (timer.step_wait_s - waited), len(x))
-        return value, y_pred
-
     # --- the GPU's convolution plans ---------------------------------------------------------------------
     def guard_plans(self, x, y, weight):
         """After the first step (its convolutions built and, with autotuning, tuned): time whole passes with the
@@ -125,8 +69,8 @@ class TrainerStep:
         conv = getattr(self.model.backend, "conv", None)
         if self.plan_guard is not None or conv is None:
             return
-        with self.side_passes():
-            self.plan_guard = conv.guard(lambda: self.dp.local_gradients(x, y, weight, overlap=False))
+        with self.dp.side_passes():
+            self.plan_guard = conv.guard(lambda: self.dp.forward_backward(x, y, weight, overlap=False))
 
     # --- one step ---------------------------------------------------------------------------------------
     def run(self, indices, epoch, step_sizes, next_indices=None, flags=None):
@@ -138,14 +82,11 @@ class TrainerStep:
             x, y = self.inputs.get(ticket)
             y = self.targets(y)
         weight = self.dp.weight(step_sizes)
-        self.calibrate_emulation(x, y, weight)          # before the step's timer: not its compute
-        record = self.dp.step(x, y, weight, len(indices) / sum(step_sizes), gradients=self.local_gradients,
-                              metric_fns=self.metric_fns, data_error=data_error is not None, flags=flags,
-                              lagged=self.lagged)
+        self.dp.calibrate_emulation(x, y, weight)       # before the step's timer: not its compute
+        record = self.dp.step(x, y, weight, len(indices) / sum(step_sizes), metric_fns=self.metric_fns,
+                              data_error=data_error is not None, flags=flags, lagged=self.lagged)
         self.guard_plans(x, y, weight)
         self.inputs.done(ticket)
         if record.data_error:
             agree_on_error(self.dp.comm, data_error, "another rank could not read its batch")
-        if self.emulator.active and self.emulate_reference:
-            self.emulator.follow(float(np.mean(record.compute_s_per_sample[self.emulate_reference])))
         return record

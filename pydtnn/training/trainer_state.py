@@ -1,7 +1,8 @@
 """The Trainer's state in a full checkpoint (`pydtnn.training.checkpointing`): what it writes, how it resumes.
 
-Written: the epoch and the step inside it (and the steps per epoch), the split, every rank's RNG state, the seed, the history, the
-schedulers' and the balance policy's states, the flags, and (a checkpoint inside an epoch) that epoch's
+Written: the epoch and the step inside it (and the steps per epoch), the split, every rank's RNG state, the
+seed, the history, the schedulers', the user's callbacks' (`Callback.state_dict`) and the balance policy's
+states, the flags, and (a checkpoint inside an epoch) that epoch's
 partial sums and every rank's timing totals, so that the resumed epoch's history row is bit-exact.
 Resumed: elastic (a checkpoint of P replicas resumes on Q), with what the caller chose anew winning over
 the checkpoint (`restore`).
@@ -13,8 +14,10 @@ import os
 
 import numpy as np
 
-from pydtnn.errors import CheckpointError, ConfigError, OutputError
-from pydtnn.parallel import balance, policy_calls
+from pydtnn import plugins
+from pydtnn.callbacks import state_keys
+from pydtnn.errors import CheckpointError, ConfigError, OutputError, PyDTNNError
+from pydtnn.parallel.balance import policy_calls, proportional
 from pydtnn.parallel.comm import raise_together
 from pydtnn.training.checkpointing import load_checkpoint, save_checkpoint
 
@@ -24,11 +27,13 @@ def save(trainer, path, epoch, step=0, partial=None):
     writes). An OutputError is raised on every rank; the previous file at `path` stays intact."""
     t = trainer
     rng_states = t.comm.gather_object(_rng_state(t.model), root=0)
+    callbacks = _callback_states(t.callbacks)
 
     def write():
         meta = {"epoch": int(epoch), "step": int(step), "steps_per_epoch": t.steps_per_epoch, "nreplicas": t.nreplicas,
                 "sizes": list(map(int, t.sizes)), "rng_states": rng_states, "seed": t.seed,
                 "history": t.history, "schedulers": [[s.name, s.state_dict()] for s in t.schedulers],
+                "callbacks": callbacks,
                 "balancer": None, "balance_policy": t.policy.name,
                 t.policy.checkpoint_key: policy_calls.call(t.policy, "state_dict") or None,
                 "partial_epoch": partial, "flags": t.flags}
@@ -82,6 +87,7 @@ def restore(trainer, path, keep_split=True, learning_rate=None, restore_optimize
                 s.load_state_dict(saved[s.name])
             except ConfigError as e:
                 raise CheckpointError(f"checkpoint {path}: metadata field 'schedulers': {e}") from None
+    _restore_callbacks(t.callbacks, meta.get("callbacks") or {}, path)
     key = t.policy.checkpoint_key
     state = meta.get(key)
     if state is not None and meta.get("balance_policy", t.policy.name) == t.policy.name:
@@ -100,6 +106,41 @@ def restore(trainer, path, keep_split=True, learning_rate=None, restore_optimize
             if getattr(s, "base_lr", None) is not None:
                 s.base_lr = float(learning_rate)
     return meta
+
+
+# --- the user's callbacks ----------------------------------------------------------------------------
+def _callback_states(callbacks) -> dict:
+    """{state_key: state} of the callbacks whose `state_dict` says something (a failing one: one line)."""
+    out = {}
+    for key, cb in zip(state_keys(callbacks), callbacks):
+        method = getattr(cb, "state_dict", None)
+        if not callable(method):
+            continue
+        try:
+            state = method()
+        except PyDTNNError:
+            raise
+        except Exception as e:                      # noqa: BLE001  (a user's code: one line and its frames)
+            raise plugins.user_error(f"callback {key}: state_dict failed", e) from None
+        if state:
+            out[key] = state
+    return out
+
+
+def _restore_callbacks(callbacks, saved, path):
+    """Each callback's saved state back (`load_state_dict`), by its key; a callback the checkpoint lacks starts
+    fresh. A state the callback refuses is a CheckpointError naming it."""
+    for key, cb in zip(state_keys(callbacks), callbacks):
+        method = getattr(cb, "load_state_dict", None)
+        if key not in saved or not callable(method):
+            continue
+        try:
+            method(saved[key])
+        except PyDTNNError:
+            raise
+        except Exception as e:                      # noqa: BLE001  (a user's code: one line and its frames)
+            raise CheckpointError(f"checkpoint {path}: metadata field 'callbacks.{key}' refused by the callback: "
+                                  f"{type(e).__name__}: {e}") from None
 
 
 # --- an epoch checkpointed inside ---------------------------------------------------------------------
@@ -129,7 +170,7 @@ def resume_partial_epoch(part, sums, stats, rank, nreplicas):
 def _within_caps(t, sizes):
     """A restored split under this run's memory caps (re-split in proportion to it where it exceeds them)."""
     if t.caps and any(b > c for b, c in zip(sizes, t.caps)):
-        return balance.partition(t.global_batch, sizes, t.caps)
+        return proportional.partition(t.global_batch, sizes, t.caps)
     return sizes
 
 

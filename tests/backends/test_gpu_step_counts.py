@@ -142,7 +142,7 @@ def test_glue_steps_repeat_one_kernel_sequence(model):
 
 @pytest.mark.parametrize("model", ["resnet50", "vgg16"])
 def test_glue_a_replayed_step_is_one_graph_launch(model):
-    """--cuda_graphs (`pydtnn.training.step_graphs`): two eager steps, the third captured (its kernels recorded,
+    """--cuda_graphs (`pydtnn.parallel.step_graphs`): two eager steps, the third captured (its kernels recorded,
     none run) and replayed, then one graph launch a step; what stays outside the graph is the batch's copy into
     the graph's input buffers, the one-hot targets, the optimizer's update, the metrics and the lagged read."""
     steps = _counted(model, cuda_graphs=True)

@@ -10,7 +10,7 @@ from pydtnn.launch.data_and_model import rank_data_and_model
 from pydtnn.launch.split import initial_split
 from pydtnn.errors import ConfigError
 from pydtnn.parallel.comm import SerialComm
-from pydtnn.parallel.policies import DynamicPolicy, FPMPolicy, ProbePolicy, StaticPolicy
+from pydtnn.parallel.balance.policies import DynamicPolicy, FPMPolicy, ProbePolicy, StaticPolicy
 
 FAST = ["--model", "simplemlp", "--synthetic_samples", "64", "--batch_size", "16", "--progress_bar", "false",
         "--lr_schedulers", "", "--threads_per_replica", "1"]

@@ -8,9 +8,11 @@ import time
 
 import numpy as np
 
-from pydtnn.parallel import balance
+from pydtnn.parallel import sharding
+from pydtnn.parallel.balance import proportional
 from pydtnn.parallel.comm import MPIComm
-from pydtnn.observe.timing import ReplicaStats, StepTimer, Timeline, epoch_summary, write_chrome_trace
+from pydtnn.observe.timeline import Timeline, write_chrome_trace
+from pydtnn.observe.timing import ReplicaStats, StepTimer, epoch_summary
 
 trace_path = sys.argv[1]
 comm = MPIComm()
@@ -26,13 +28,13 @@ assert speeds[0] > speeds[-1]
 
 # every rank derives the same split and the same number of steps, and together they cover the data
 B, N = 29, 101
-sizes = balance.partition(B, speeds)
+sizes = proportional.partition(B, speeds)
 assert np.all(comm.allgather(np.array(sizes)) == np.array(sizes))
-order = balance.epoch_permutation(N, seed=7, epoch=3)
+order = sharding.epoch_permutation(N, seed=7, epoch=3)
 assert np.all(comm.allgather(order) == order)
-n_steps = balance.steps_in_epoch(N, B)
+n_steps = sharding.steps_in_epoch(N, B)
 assert np.all(comm.allgather(float(n_steps)) == n_steps)
-mine = [balance.shard(order, s, B, sizes, rank, N) for s in range(n_steps)]
+mine = [sharding.shard(order, s, B, sizes, rank, N) for s in range(n_steps)]
 assert all(len(m) >= 1 for m in mine)
 counts = comm.allgather(np.array([len(m) for m in mine]))
 flat = np.concatenate(mine)

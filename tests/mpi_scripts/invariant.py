@@ -26,6 +26,7 @@ from pydtnn.layers import (FC, AdditionBlock, AveragePool2D, BatchNormalization,
                            Relu)
 from pydtnn.optimizers import SGD
 from pydtnn.parallel import balance
+from pydtnn.parallel.balance import proportional
 from pydtnn.parallel.comm import MPIComm, SerialComm
 from pydtnn.training.loop import Trainer
 
@@ -106,7 +107,7 @@ def rel(a, b):
 
 
 comm = MPIComm(MPI.COMM_WORLD)
-sizes = balance.partition(B, speeds)
+sizes = proportional.partition(B, speeds)
 devices = opts["devices"].split(",") if opts["devices"] else ["cpu"] * comm.size
 if devices[comm.rank] == "gpu":
     from pydtnn.backends.gpu.backend import GPUBackend

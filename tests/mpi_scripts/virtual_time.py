@@ -17,7 +17,7 @@ On it:
   hundreds of thousands of readings per step; its busy-wait is tested on a fake clock in test_emulation).
 What it tests is our logic (the emulation's deadlines, the probe, the balancers, the per-replica
 statistics and the trace) on times that are known exactly; the emulation's fidelity in real time is
-measured by scripts/heterogeneity_experiment.py, not asserted by a test.
+measured by scripts/experiments/heterogeneity_experiment.py, not asserted by a test.
 """
 import os
 import sys
@@ -50,7 +50,7 @@ time.perf_counter, time.sleep = clock, clock.sleep    # while pydtnn is imported
 from pydtnn import cli                               # noqa: E402
 from pydtnn.observe import timing as trace           # noqa: E402
 from pydtnn.training import loop as trainer          # noqa: E402
-from pydtnn.training import probe                    # noqa: E402
+from pydtnn.parallel.balance import probe                    # noqa: E402
 from pydtnn.model import Model                       # noqa: E402
 from pydtnn.parallel import balance, emulation       # noqa: E402
 from pydtnn.parallel.comm import MPIComm             # noqa: E402

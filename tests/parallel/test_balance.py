@@ -7,10 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pydtnn.errors import ConfigError
-from pydtnn.parallel import balance
-from pydtnn.parallel.balance import partition, probe_speeds, shard, step_sizes, steps_in_epoch
+from pydtnn.parallel import sharding
+from pydtnn.parallel.balance import probe_speeds
+from pydtnn.parallel.balance.proportional import checked_sizes, partition
 from pydtnn.parallel.comm import SerialComm
-from pydtnn.parallel.partition import checked_sizes
+from pydtnn.parallel.sharding import shard, step_sizes, steps_in_epoch
 from pydtnn.parallel.weighting import make_weighting, proportional, uniform
 
 speeds_st = st.lists(st.floats(min_value=1e-3, max_value=1e4, allow_nan=False, allow_infinity=False),
@@ -177,7 +178,7 @@ def test_proportional_weights_give_the_global_mean_gradient():
 
 def epoch_indices(n, batch, sizes, steps_per_epoch=0, seed=3):
     """{rank: [indices per step]} for one epoch, computed independently per rank."""
-    order = balance.epoch_permutation(n, seed, 0)
+    order = sharding.epoch_permutation(n, seed, 0)
     steps = steps_in_epoch(n, batch, steps_per_epoch)
     return order, steps, {r: [shard(order, s, batch, sizes, r, n, steps_per_epoch) for s in range(steps)]
                           for r in range(len(sizes))}
@@ -274,10 +275,10 @@ def test_sharding_errors():
 
 
 def test_epoch_permutation_is_a_pure_function():
-    a = balance.epoch_permutation(50, 7, 2)
-    assert np.array_equal(a, balance.epoch_permutation(50, 7, 2))
+    a = sharding.epoch_permutation(50, 7, 2)
+    assert np.array_equal(a, sharding.epoch_permutation(50, 7, 2))
     assert sorted(a.tolist()) == list(range(50))
-    assert not np.array_equal(a, balance.epoch_permutation(50, 7, 3))
+    assert not np.array_equal(a, sharding.epoch_permutation(50, 7, 3))
 
 
 # ------------------------------------------------------------------------------------------ the probe

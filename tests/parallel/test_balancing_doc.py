@@ -7,9 +7,9 @@ import pytest
 
 from mpi_helpers import REPO_ROOT, describe, run_mpi  # noqa: E402
 
-from pydtnn.parallel.cost_model import CostModel
-from pydtnn.parallel.fpm_partition import equal_finish
-from pydtnn.parallel.step_report import StepReport
+from pydtnn.parallel.balance.cost_model import CostModel
+from pydtnn.parallel.balance.fpm_partition import equal_finish
+from pydtnn.parallel.balance.step_report import StepReport
 
 DOC = (REPO_ROOT / "docs" / "balancing.md").read_text()
 CODE = re.search(r"```python\n(.*?)```", DOC, re.S).group(1)

@@ -10,7 +10,8 @@ from mpi_helpers import SCRIPTS, describe, mpi_command, processes_with, run_mpi 
 
 from pydtnn.errors import ConfigError  # noqa: E402
 from pydtnn.parallel.comm import BucketedReducer, SerialComm, make_comm  # noqa: E402
-from pydtnn.observe.timing import ReplicaStats, StepTimer, Timeline, chrome_trace, epoch_summary, write_chrome_trace  # noqa: E402
+from pydtnn.observe.timeline import Timeline, chrome_trace, write_chrome_trace  # noqa: E402
+from pydtnn.observe.timing import ReplicaStats, StepTimer, epoch_summary  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------- serial

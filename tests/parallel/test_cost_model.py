@@ -1,4 +1,4 @@
-"""The per-replica cost model t_i(b) (pydtnn.parallel.cost_model): the affine fit, the monotone piecewise
+"""The per-replica cost model t_i(b) (pydtnn.parallel.balance.cost_model): the affine fit, the monotone piecewise
 model it switches to, and the model as data (checkpoints, JSON)."""
 import json
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pydtnn.errors import ConfigError
-from pydtnn.parallel.cost_model import RESIDUAL_LIMIT, CostModel, ReplicaCost
+from pydtnn.parallel.balance.cost_model import RESIDUAL_LIMIT, CostModel, ReplicaCost
 
 
 def test_affine_points_give_their_line_exactly():

@@ -12,10 +12,10 @@ import pytest
 from mpi_helpers import REPO_ROOT, describe, printed_split, run_mpi  # noqa: E402
 
 from pydtnn.errors import ConfigError
-from pydtnn.parallel.balance import partition
-from pydtnn.parallel.cost_model import CostModel
+from pydtnn.parallel.balance.proportional import partition
+from pydtnn.parallel.balance.cost_model import CostModel
 from pydtnn.parallel.emulation import EmulatedCost, SpeedEmulator, for_replica, parse_costs, parse_schedule
-from pydtnn.parallel.fpm_partition import equal_finish
+from pydtnn.parallel.balance.fpm_partition import equal_finish
 
 COST = 1e-4
 REL = 1e-3
@@ -225,7 +225,7 @@ from pydtnn.optimizers import SGD
 from pydtnn.parallel import DataParallel
 from pydtnn.parallel.emulation import for_replica
 from pydtnn.parallel.comm import make_comm
-from pydtnn.parallel.policies import DynamicPolicy
+from pydtnn.parallel.balance.policies import DynamicPolicy
 
 comm = make_comm("auto")
 model = Model(dtype="float64", seed=0)

@@ -1,4 +1,4 @@
-"""The equal-finish integer partition (pydtnn.parallel.fpm_partition): optimal against brute force, within
+"""The equal-finish integer partition (pydtnn.parallel.balance.fpm_partition): optimal against brute force, within
 caps, with replicas allowed 0, and GPU shape buckets."""
 import itertools
 
@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pydtnn.errors import ConfigError
-from pydtnn.parallel.balance import partition
-from pydtnn.parallel.cost_model import CostModel, ReplicaCost
-from pydtnn.parallel.fpm_partition import equal_finish
+from pydtnn.parallel.balance.proportional import partition
+from pydtnn.parallel.balance.cost_model import CostModel, ReplicaCost
+from pydtnn.parallel.balance.fpm_partition import equal_finish
 
 
 def brute_force(B, model, lo, hi, allowed=None):

@@ -1,18 +1,18 @@
-"""The FPM policies without MPI: the probe's model building (pydtnn.parallel.fpm_probe) on a probe of known
+"""The FPM policies without MPI: the probe's model building (pydtnn.parallel.balance.fpm_probe) on a probe of known
 costs, the fpm policy, the dynamic policy's refits (convergence, noise, stragglers, checkpoints), and the
-GPU memory cap's arithmetic (pydtnn.training.probe)."""
+GPU memory cap's arithmetic (pydtnn.parallel.balance.probe)."""
 import json
 
 import numpy as np
 import pytest
 
 from pydtnn.errors import ConfigError
-from pydtnn.parallel.cost_model import CostModel
-from pydtnn.parallel.fpm_partition import equal_finish
-from pydtnn.parallel.fpm_probe import MAX_WARMED, build_model, grown_buckets, probe_sizes
-from pydtnn.parallel.policies import DynamicPolicy, make_policy
-from pydtnn.parallel.step_report import StepReport
-from pydtnn.training.probe import memory_cap
+from pydtnn.parallel.balance.cost_model import CostModel
+from pydtnn.parallel.balance.fpm_partition import equal_finish
+from pydtnn.parallel.balance.fpm_probe import MAX_WARMED, build_model, grown_buckets, probe_sizes
+from pydtnn.parallel.balance.policies import DynamicPolicy, make_policy
+from pydtnn.parallel.balance.step_report import StepReport
+from pydtnn.parallel.balance.probe import memory_cap
 
 GPU_LIKE = CostModel.affine([0.040, 0.0, 0.0], [1e-4, 1.5e-3, 1.5e-3], ["gpu", "cpu", "cpu"])
 

@@ -5,7 +5,7 @@ import pytest
 
 from pydtnn.parallel.runtime import environment as launcher
 from pydtnn.parallel.runtime import threads
-from pydtnn.training.progress import PlainProgress, progress
+from pydtnn.observe.progress import PlainProgress, progress
 
 LAUNCH_VARS = launcher.RANK_VARS + launcher.SIZE_VARS + launcher.OTHER_MARKERS + (
     "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")

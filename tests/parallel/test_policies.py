@@ -1,4 +1,4 @@
-"""Balancing policies and gradient weightings as plug-ins (pydtnn.parallel.policies / weighting, pydtnn.plugins)."""
+"""Balancing policies and gradient weightings as plug-ins (pydtnn.parallel.balance.policies / weighting, pydtnn.plugins)."""
 import os
 import subprocess
 import sys
@@ -10,8 +10,9 @@ from pydtnn import Model
 from pydtnn.errors import CheckpointError, ConfigError
 from pydtnn.layers import FC, Input
 from pydtnn.optimizers import SGD
-from pydtnn.parallel.balance import check_split, partition
-from pydtnn.parallel.policies import DynamicPolicy, EqualPolicy, FPMPolicy, ProbePolicy, StaticPolicy, make_policy
+from pydtnn.parallel.balance import check_split
+from pydtnn.parallel.balance.proportional import partition
+from pydtnn.parallel.balance.policies import DynamicPolicy, EqualPolicy, FPMPolicy, ProbePolicy, StaticPolicy, make_policy
 from pydtnn.parallel.weighting import make_weighting
 from pydtnn.plugins import USER_FRAMES
 from pydtnn.training.loop import Trainer
@@ -90,7 +91,7 @@ def test_built_in_names():
 def test_user_policy_from_a_file_and_a_module(plugin_dir):
     p = make_policy(f"{plugin_dir}/my_policy.py:Halves")
     assert p.initial_sizes(7, 2, None) == [4, 3] and p.name == "Halves"
-    assert isinstance(make_policy("pydtnn.parallel.policies:EqualPolicy"), EqualPolicy)
+    assert isinstance(make_policy("pydtnn.parallel.balance.policies:EqualPolicy"), EqualPolicy)
 
 
 @pytest.mark.parametrize("spec, needle", [

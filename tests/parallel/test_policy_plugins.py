@@ -15,8 +15,8 @@ import pytest
 from mpi_helpers import REPO_ROOT, describe, output_of_our_processes, run_mpi  # noqa: E402
 
 from pydtnn.errors import ConfigError
-from pydtnn.parallel.policies import make_policy
-from pydtnn.parallel.policy_calls import call
+from pydtnn.parallel.balance.policies import make_policy
+from pydtnn.parallel.balance.policy_calls import call
 from pydtnn.parallel.weighting import make_weighting
 
 LAUNCHER = REPO_ROOT / "scripts" / "pydtnn_benchmark.py"

@@ -2,7 +2,7 @@
 (DataParallel.after_step) feeds a policy, give the same splits at the same steps."""
 import numpy as np
 
-from pydtnn.parallel import balance
+from pydtnn.parallel.balance import proportional
 from pydtnn.parallel.comm import SerialComm
 from pydtnn.sim.engine import Scenario, simulate
 from pydtnn.sim.policies import make_policy
@@ -52,7 +52,7 @@ def _trainer_decisions(reports, state, global_batch, P, interval):
 def test_engine_decisions_equal_the_trainers_on_its_own_reports(monkeypatch):
     """Record the reports the engine hands the dynamic policy (after its probe), replay them through the
     trainer's engine (DataParallel.after_step): the same splits at the same steps."""
-    from pydtnn.parallel import policies
+    from pydtnn.parallel.balance import policies
     seen, decided, state = [], [], {}
     after, probe = policies.DynamicPolicy.after_step, policies.DynamicPolicy.probe_costs
 
@@ -79,18 +79,18 @@ def test_engine_decisions_equal_the_trainers_on_its_own_reports(monkeypatch):
 
 
 def test_static_and_probe_use_the_partition():
-    assert make_policy("static", [1, 2, 3]).initial_sizes(60, 3, None) == balance.partition(60, [1, 2, 3])
+    assert make_policy("static", [1, 2, 3]).initial_sizes(60, 3, None) == proportional.partition(60, [1, 2, 3])
     probe = make_policy("probe")
     assert probe.wants_probe and probe.initial_sizes(60, 3, None) == [20, 20, 20]
-    assert probe.probed(60, [3.0, 1.0, 2.0], None) == balance.partition(60, [3.0, 1.0, 2.0])
-    assert make_policy("none").initial_sizes(7, 2, None) == balance.partition(7, [1, 1])
+    assert probe.probed(60, [3.0, 1.0, 2.0], None) == proportional.partition(60, [3.0, 1.0, 2.0])
+    assert make_policy("none").initial_sizes(7, 2, None) == proportional.partition(7, [1, 1])
 
 
 def test_the_probe_splits_by_the_speeds_of_the_compute_model():
     sc = Scenario([_profile()] * 3, 60, policy="probe", speed_factors=[1, 2, 4], steps=5, seed=0)
     res = simulate(sc)
     # the emulated factors make replica i (4/f_i) times slower per sample: speeds 1:2:4
-    assert res.sizes == balance.partition(60, [1.0, 2.0, 4.0]) and res.rebalances == 1
+    assert res.sizes == proportional.partition(60, [1.0, 2.0, 4.0]) and res.rebalances == 1
 
 
 USER_POLICY = """
@@ -120,8 +120,8 @@ def test_a_users_policy_file_runs_in_the_simulator_and_its_bad_split_is_one_line
 def test_the_simulator_takes_a_runs_cost_model(tmp_path):
     """--cost_model: each replica's compute is the run's t_i(b) (whatever the profile says), and fpm's probe of
     the step model finds its equal-finish split: one model, in one place."""
-    from pydtnn.parallel.cost_model import CostModel
-    from pydtnn.parallel.fpm_partition import equal_finish
+    from pydtnn.parallel.balance.cost_model import CostModel
+    from pydtnn.parallel.balance.fpm_partition import equal_finish
     model = CostModel.affine([0.040, 0.0, 0.0], [1e-4, 1.5e-3, 1.5e-3], ["gpu", "cpu", "cpu"])
     res = simulate(Scenario([_profile()] * 3, 256, policy="fpm", balance_options={"bucket": 1}, cost_model=model,
                             devices=["gpu", "cpu", "cpu"], steps=3, seed=0))
@@ -133,7 +133,7 @@ def test_the_cost_model_flag_reads_json_and_checkpoints(tmp_path, capsys):
     import json
     import subprocess
     import sys
-    from pydtnn.parallel.cost_model import CostModel
+    from pydtnn.parallel.balance.cost_model import CostModel
     from pydtnn.sim.__main__ import main
     CostModel.affine([0.040, 0.0], [1e-4, 1.5e-3]).save(tmp_path / "m.json")
     args = ["run", "--model", "simplemlp", "--global_batch_size", "128", "--replicas", "2", "--steps", "2",

@@ -1,4 +1,4 @@
-"""--cuda_graphs (`pydtnn.training.step_graphs`, `pydtnn.backends.gpu.graphs`): a step's forward and backward
+"""--cuda_graphs (`pydtnn.parallel.step_graphs`, `pydtnn.backends.gpu.graphs`): a step's forward and backward
 captured once as a CUDA graph and replayed. Over the stand-in of CuPy/cuDNN, which models capture as a real
 device does (`tests/gpu_standin/graphs.py`): a capture runs nothing, a replay reruns the recorded kernels on
 the same memory with the arguments they were captured with, and a wait, a read to the host or an allocation
@@ -83,8 +83,8 @@ def test_graphed_steps_train_exactly_as_eager_steps():
     with gpu_standin.active():
         graphed, graphed_steps, graphed_state = _train(True)
         eager, eager_steps, eager_state = _train(False)
-    graphs = graphed.step_runner.graphs
-    assert eager.step_runner.graphs is None
+    graphs = graphed.dp.graphs
+    assert eager.dp.graphs is None
     # 2 epochs of 11 steps: the 10 of 4 samples each epoch, the first 2 warm up, the 3rd is captured, then
     # every one replays; the shorter last steps run eagerly
     assert (graphs.captures, graphs.replays) == (1, 18)
@@ -101,7 +101,7 @@ def test_a_graphed_run_checkpointed_inside_an_epoch_resumes_on_the_same_weights(
         mid = tmp_path / "b" / "epoch_0000_step_000007.npz"
         assert mid.exists(), sorted(p.name for p in (tmp_path / "b").iterdir())
         resumed_trainer, _, resumed = _train(True, checkpoint_dir=str(tmp_path / "c"), resume=str(mid))
-    assert resumed_trainer.step_runner.graphs.replays > 0
+    assert resumed_trainer.dp.graphs.replays > 0
     _same(full, resumed)
 
 
@@ -110,7 +110,7 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_after_one_notice():
     with gpu_standin.active():
         trainer, steps, state = _train(True, extra=(ReadsTheDevice(),), log=said.append)
         _, eager_steps, eager_state = _train(False, extra=(ReadsTheDevice(),))
-    graphs = trainer.step_runner.graphs
+    graphs = trainer.dp.graphs
     assert (graphs.captures, graphs.replays) == (0, 0) and graphs.off
     notices = [line for line in said if "CUDA graphs off" in line]
     assert len(notices) == 1 and "could not be captured" in notices[0] and "\n" not in notices[0], said
@@ -164,7 +164,7 @@ def test_gpu_graphed_steps_train_exactly_as_eager_steps_on_the_device():
     eager step's bits."""
     graphed, graphed_steps, graphed_state = _train(True)
     eager, eager_steps, eager_state = _train(False)
-    graphs = graphed.step_runner.graphs
+    graphs = graphed.dp.graphs
     assert graphs.off is None, graphs.off
     assert (graphs.captures, graphs.replays) == (1, 18)
     assert graphed_steps.ends == eager_steps.ends and _rows(graphed) == _rows(eager)

@@ -1,13 +1,20 @@
-"""Balancing: how the global batch is split among replicas of different speeds, and when it is re-split.
+"""Balancing, the project's reason to exist: how the global batch is split among replicas of different speeds,
+and when it is re-split. This package is its one wing:
 
-    BalancePolicy      the plug-in interface of the policies (`--balance`); the built-ins are in
-                       `pydtnn.parallel.policies`; `check_split` checks every split a policy returns
-    probe_speeds       every replica's speed, measured by a few timed local calls
+    __init__.py        `BalancePolicy` (the plug-in interface, `--balance FILE.py:CLASS`), `check_split` (every
+                       split a policy returns), `probe_speeds` (every replica's speed from a few timed calls)
+    proportional.py    the global batch split in proportion to speeds, within memory caps
+    policies.py        the built-in policies, registered once (`BUILTINS`: the names, their options, the
+                       factory `make_policy` and `--balance`'s help all come from it)
+    cost_model.py      each replica's t_i(b): the functional performance model (FuPerMod's FPM)
+    fpm_probe.py       the FPM built from timed points; fpm_partition.py: the split with equal finish times
+    probe.py           the lock-step probe before training (`LockStepProbe`, `probe_split`), GPU memory caps
+    policy_calls.py    a policy's calls: its failures as one line, its splits agreed on by the ranks
+    step_report.py     what `after_step` is told after each step
 
 Every rank owns its own instances and feeds them the same numbers, so every rank takes the same decision
-without further communication; only `probe_speeds` allgathers. The arithmetic they build on lives in
-`pydtnn.parallel.partition` (the split) and `pydtnn.parallel.sharding` (which samples a replica takes at a
-step); its names are re-exported here, where the training loop, the simulator and user code import them.
+without further communication; only the probes gather. Which samples a replica takes at a step is
+`pydtnn.parallel.sharding`, not balancing.
 """
 from __future__ import annotations
 
@@ -17,14 +24,9 @@ from typing import Callable
 import numpy as np
 
 from pydtnn.errors import ConfigError
-from pydtnn.parallel.partition import caps_for, checked_int, partition, predicted_step_time
-from pydtnn.parallel.sharding import epoch_permutation, shard, step_sizes, step_span, steps_in_epoch
+from pydtnn.parallel.balance.proportional import checked_int, partition
 
-__all__ = [
-    "partition", "caps_for", "predicted_step_time", "steps_in_epoch", "step_span", "step_sizes",
-    "shard", "epoch_permutation", "probe_speeds", "median_call_seconds",
-    "BalancePolicy", "check_split",
-]
+__all__ = ["BalancePolicy", "check_split", "probe_speeds", "median_call_seconds"]
 
 
 # ------------------------------------------------------------------------------------ policies
@@ -32,10 +34,10 @@ __all__ = [
 class BalancePolicy:
     """How the global batch is split among the replicas: the plug-in interface (`--balance FILE.py:CLASS`).
 
-    The built-ins (`pydtnn.parallel.policies`) are written on it. Every rank owns one instance and calls it
+    The built-ins (`pydtnn.parallel.balance.policies`) are written on it. Every rank owns one instance and calls it
     with the same arguments; every split it returns is checked (`check_split`: sum B, each >= 1 or 0 where
     allowed, within the caps) and, for a policy that is not a built-in, agreed on across the ranks
-    (`pydtnn.parallel.policy_calls`) before it is used. A user's class is constructed with the
+    (`pydtnn.parallel.balance.policy_calls`) before it is used. A user's class is constructed with the
     ``--balance_options`` as keyword arguments; an exception in its code is one line plus its own frames.
 
     Before ``initial_sizes`` the framework sets ``rank``, ``nreplicas``, ``devices`` (one of "cpu" / "gpu"
@@ -44,7 +46,7 @@ class BalancePolicy:
     - ``initial_sizes(global_batch, nreplicas, caps)``: the split to start with (caps: None or one int per
       replica, from --max_local_batch);
     - ``after_step(step, report)``: after global step ``step`` (0-based, over epochs), a
-      `pydtnn.parallel.step_report.StepReport` (every replica's actual b_i, compute and wait seconds, the
+      `pydtnn.parallel.balance.step_report.StepReport` (every replica's actual b_i, compute and wait seconds, the
       step's wall time, warm-up flags; it also reads as the list of seconds per sample); a new split, or
       None to keep the current one; ``reason`` (a string) is printed with the re-split's announcement;
     - ``state_dict()`` / ``load_state_dict(state)``: plain JSON-able values saved in checkpoints;

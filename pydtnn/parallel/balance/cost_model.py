@@ -15,9 +15,9 @@ made non-decreasing in b (a point below an earlier one is pooled with it), joine
 continued past the last point along the affine slope (never flatter: a flat end would make samples look
 free), and from the affine intercept at b = 0 to the first point. t(0) = 0: a replica without samples
 computes nothing. Either way t is non-decreasing, which the equal-finish partition
-(`pydtnn.parallel.fpm_partition`) needs to be optimal.
+(`pydtnn.parallel.balance.fpm_partition`) needs to be optimal.
 
-A point is the median compute seconds of several timed steps at one b (`pydtnn.parallel.fpm_probe`, or an
+A point is the median compute seconds of several timed steps at one b (`pydtnn.parallel.balance.fpm_probe`, or an
 interval of training steps for the dynamic policy); a point at a b already held replaces it. Everything
 here is plain arithmetic on its arguments: every rank that holds the same points holds the same model.
 """

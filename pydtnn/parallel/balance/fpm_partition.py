@@ -1,7 +1,7 @@
 """The integer partition with equal finish times (FuPerMod's FPM partitioning), under memory caps and GPU
 shape buckets.
 
-    sizes = equal_finish(256, model)                       # model: pydtnn.parallel.cost_model.CostModel
+    sizes = equal_finish(256, model)                       # model: pydtnn.parallel.balance.cost_model.CostModel
     sizes = equal_finish(256, model, caps=[240, 96, 96], minimum=[1, 1, 1], buckets=[8, 1, 1])
 
 Without buckets: hand each sample, one at a time, to the replica whose time would grow least, the smallest
@@ -27,7 +27,7 @@ import heapq
 import numpy as np
 
 from pydtnn.errors import ConfigError
-from pydtnn.parallel.cost_model import vectorized
+from pydtnn.parallel.balance.cost_model import vectorized
 
 __all__ = ["equal_finish"]
 

@@ -5,7 +5,7 @@ refinement at the proposed split.
     model, split, lines = build_model(probe, minimum, buckets, points=4, rounds=3, tolerance=0.05)
 
 `probe` times every replica at once at a split of its choosing (the launcher's lock-step probe,
-`pydtnn.training.probe`, or the simulator's step model); `minimum` is 1 per replica (0 where allowed),
+`pydtnn.parallel.balance.probe`, or the simulator's step model); `minimum` is 1 per replica (0 where allowed),
 `buckets` the GPU shape bucket per replica (1: none):
 
     probe.global_batch, probe.caps (None or one per replica), probe.devices
@@ -17,7 +17,7 @@ refinement at the proposed split.
    it could hold (its cap, or B less one sample for each other replica), rounded to its GPU bucket. A GPU
    replica first warms every bucket up to its top (at most `MAX_WARMED`: the bucket grows when there would
    be more), so that no split it can get builds a cuDNN plan or autotunes during training.
-2. Fit (`pydtnn.parallel.cost_model`) and solve (`pydtnn.parallel.fpm_partition.equal_finish`).
+2. Fit (`pydtnn.parallel.balance.cost_model`) and solve (`pydtnn.parallel.balance.fpm_partition.equal_finish`).
 3. Refine: run the proposed split, add its points, fit and solve again; stop when the measured max/min
    compute of the proposal is within `tolerance` (balanced), when the model had predicted every replica's
    time there within `tolerance` (nothing left to learn, e.g. a cap keeps one replica short), or after
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pydtnn.parallel.cost_model import CostModel, ReplicaCost
-from pydtnn.parallel.fpm_partition import equal_finish
+from pydtnn.parallel.balance.cost_model import CostModel, ReplicaCost
+from pydtnn.parallel.balance.fpm_partition import equal_finish
 
 __all__ = ["build_model", "probe_sizes", "tops", "grown_buckets", "MAX_WARMED"]
 

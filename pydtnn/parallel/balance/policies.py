@@ -1,17 +1,17 @@
-"""The built-in balancing policies, written on `pydtnn.parallel.balance.BalancePolicy`, and `make_policy`.
+"""The built-in balancing policies, written on `pydtnn.parallel.balance.BalancePolicy`, registered in ONE place
+(`BUILTINS`, at the end): each entry's name, its `--balance_options`, its factory and its line of `--balance`'s
+help; `NAMES`, `OPTIONS`, `make_policy` and `balance_help` are read from it.
 
     --balance none | equal      EqualPolicy     b_i = B / P (largest remainder)
     --balance static            StaticPolicy    b_i proportional to --replica_speeds;
                                                 without them, FPMPolicy
     --balance probe             ProbePolicy     the constant model: b_i proportional to speeds timed at B / P
     --balance fpm               FPMPolicy       the functional model: t_i(b) probed at several b, equal finish
-                                                times (pydtnn.parallel.fpm_probe, fpm_partition)
+                                                times (pydtnn.parallel.balance.fpm_probe, fpm_partition)
     --balance dynamic           DynamicPolicy   fpm, then each interval's measured t_i(b_i) folded in and
                                                 re-solved; a re-split when the makespan improves enough
     --balance FILE.py:CLASS     a user's BalancePolicy subclass, constructed with --balance_options
     --balance module:CLASS
-
-`--balance_options key=value,...` also sets the built-ins' options (`OPTIONS`).
 """
 from __future__ import annotations
 
@@ -20,16 +20,17 @@ import warnings
 
 import numpy as np
 
+from dataclasses import dataclass
+from typing import Callable
+
 from pydtnn import plugins
 from pydtnn.errors import ConfigError
-from pydtnn.parallel.balance import BalancePolicy, partition
-from pydtnn.parallel.cost_model import CostModel, ReplicaCost
-from pydtnn.parallel.fpm_partition import equal_finish
-from pydtnn.parallel.fpm_probe import build_model, grown_buckets
-from pydtnn.parallel.step_report import StepReport
-
-NAMES = ("none", "equal", "static", "probe", "fpm", "dynamic")
-
+from pydtnn.parallel.balance import BalancePolicy
+from pydtnn.parallel.balance.proportional import partition
+from pydtnn.parallel.balance.cost_model import CostModel, ReplicaCost
+from pydtnn.parallel.balance.fpm_partition import equal_finish
+from pydtnn.parallel.balance.fpm_probe import build_model, grown_buckets
+from pydtnn.parallel.balance.step_report import StepReport
 
 class EqualPolicy(BalancePolicy):
     name = "equal"
@@ -72,7 +73,7 @@ class ProbePolicy(BalancePolicy):
 
 class FPMPolicy(BalancePolicy):
     """The functional performance model: each replica's t_i(b) probed at several local batches and refined
-    (`pydtnn.parallel.fpm_probe`), then the split with equal finish times (`fpm_partition.equal_finish`).
+    (`pydtnn.parallel.balance.fpm_probe`), then the split with equal finish times (`fpm_partition.equal_finish`).
 
     Options: points (per replica, >= 4), rounds (refinement, 3), tolerance (0.05), bucket (GPU replicas'
     local batches are multiples of it, 8; 1: none), allow_zero (replicas that may get 0 samples, e.g. 2:3).
@@ -312,8 +313,50 @@ def _bool_option(name, value):
     return text in ("true", "1", "yes")
 
 
-OPTIONS = {"fpm": ("points", "rounds", "tolerance", "bucket", "allow_zero"),
-           "dynamic": ("points", "rounds", "tolerance", "bucket", "allow_zero", "hysteresis", "drift", "probe")}
+# ---------------------------------------------------------------------------------------- the registry
+
+@dataclass(frozen=True)
+class Builtin:
+    """A built-in policy: `make(speeds, interval, options)` builds it; `options` are the --balance_options it
+    takes; `help` is its part of --balance's help; `without_speeds`: the built-in it becomes when no
+    --replica_speeds are given (static: fpm)."""
+    make: Callable[..., BalancePolicy]
+    options: tuple = ()
+    help: str = ""
+    without_speeds: str | None = None
+
+
+_FPM_OPTIONS = ("points", "rounds", "tolerance", "bucket", "allow_zero")
+
+
+def _fpm(speeds, interval, options):
+    policy = FPMPolicy(**options)
+    policy.options = options
+    return policy
+
+
+BUILTINS = {
+    "none": Builtin(lambda *_: EqualPolicy(), help="none or equal: B/P each"),
+    "equal": Builtin(lambda *_: EqualPolicy()),
+    "static": Builtin(lambda speeds, *_: StaticPolicy(speeds), without_speeds="fpm",
+                      help="static: proportional to --replica_speeds (without them: fpm)"),
+    "probe": Builtin(lambda *_: ProbePolicy(),
+                     help="probe: proportional to speeds probed at B/P (the constant model)"),
+    "fpm": Builtin(_fpm, _FPM_OPTIONS,
+                   help="fpm: each replica's compute time probed at several local batches (a functional performance "
+                        "model) and the split with equal finish times"),
+    "dynamic": Builtin(lambda speeds, interval, options: DynamicPolicy(interval=interval, **options),
+                       _FPM_OPTIONS + ("hysteresis", "drift", "probe"),
+                       help="dynamic: fpm, refitted and re-split during training"),
+}
+NAMES = tuple(BUILTINS)
+OPTIONS = {name: b.options for name, b in BUILTINS.items() if b.options}
+
+
+def balance_help() -> str:
+    """--balance's help, one clause per built-in, then a user's policy."""
+    return ("split of the global batch: " + "; ".join(b.help for b in BUILTINS.values() if b.help)
+            + "; or a user's BalancePolicy, FILE.py:CLASS or module:CLASS (docs/balancing.md)")
 
 
 def make_policy(spec="none", *, speeds=None, interval=20, options=None) -> BalancePolicy:
@@ -328,22 +371,13 @@ def make_policy(spec="none", *, speeds=None, interval=20, options=None) -> Balan
             policy.name = type(policy).__name__      # what checkpoints match on resume, wherever the file is
         policy.options = options
         return policy
-    if spec not in NAMES:
+    if spec not in BUILTINS:
         raise ConfigError(f"--balance must be one of {', '.join(NAMES)}, FILE.py:CLASS or module:CLASS, "
                           f"got {spec!r}")
-    kind = "fpm" if spec == "static" and not speeds else spec
-    unknown = sorted(set(options) - set(OPTIONS.get(kind, ())))
+    kind = BUILTINS[spec].without_speeds if not speeds and BUILTINS[spec].without_speeds else spec
+    builtin = BUILTINS[kind]
+    unknown = sorted(set(options) - set(builtin.options))
     if unknown:
-        takes = ", ".join(OPTIONS.get(kind, ())) or "none"
+        takes = ", ".join(builtin.options) or "none"
         raise ConfigError(f"--balance_options {', '.join(unknown)}: --balance {spec} takes {takes}")
-    if spec in ("none", "equal"):
-        return EqualPolicy()
-    if spec == "static" and speeds:
-        return StaticPolicy(speeds)
-    if spec == "probe":
-        return ProbePolicy()
-    if spec == "dynamic":
-        return DynamicPolicy(interval=interval, **options)
-    policy = FPMPolicy(**options)
-    policy.options = options
-    return policy
+    return builtin.make(speeds, interval, options)

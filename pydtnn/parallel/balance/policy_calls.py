@@ -17,9 +17,10 @@ import numpy as np
 
 from pydtnn import plugins
 from pydtnn.errors import ConfigError, PyDTNNError, error_code
+from pydtnn.parallel.balance import check_split
 from pydtnn.parallel.comm import agree_on_error
 
-__all__ = ["call", "agree", "needs_agreement"]
+__all__ = ["call", "initial_split", "agree", "needs_agreement"]
 
 
 def call(policy, method: str, *args):
@@ -30,6 +31,17 @@ def call(policy, method: str, *args):
         raise
     except Exception as e:                          # noqa: BLE001  (a user's code: one line and its frames)
         raise plugins.user_error(f"balance policy {policy.name}: {method} failed", e) from None
+
+
+def initial_split(policy, global_batch, nreplicas, caps, rank=0, devices=None) -> list[int]:
+    """The policy's first split, asked once in a run: the policy bound (its rank, the devices, its options),
+    asked, its answer checked (`check_split`), then held as `policy.sizes`. Pure: where the policy needs it,
+    the caller agrees on the split across the ranks (`agree`)."""
+    policy.bind(rank, nreplicas, devices, policy.options)
+    sizes = check_split(call(policy, "initial_sizes", global_batch, nreplicas, caps), global_batch, nreplicas,
+                        caps, f"balance policy {policy.name}", policy.allow_zero)
+    policy.sizes = list(sizes)
+    return sizes
 
 
 def needs_agreement(policy, comm) -> bool:

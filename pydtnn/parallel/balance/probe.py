@@ -1,7 +1,7 @@
 """The probe before training: every replica timed at local batches of the policy's choosing, all replicas at
-once, step by step, on passes that leave no trace (`TrainerStep.side_passes`).
+once, step by step, on passes that leave no trace (`DataParallel.side_passes`).
 
-    probe = LockStepProbe(step, comm, seed, global_batch, caps, devices, reports)
+    probe = LockStepProbe(dp, dataset.train, seed, caps, devices, reports)
     seconds, flagged = probe.measure([128, 64, 64])    # every replica's median compute seconds at its size
     probe.warm([[8, 16, ..., 240], [], []])            # untimed passes (GPU shapes: plans, autotuning)
     probe.speeds()                                     # samples/s at the equal split (the constant model)
@@ -24,6 +24,9 @@ import time
 
 import numpy as np
 
+from pydtnn.errors import PyDTNNError
+from pydtnn.parallel.balance import policy_calls
+from pydtnn.parallel.balance.proportional import partition
 from pydtnn.parallel.comm import raise_together
 from pydtnn.targets import as_targets
 
@@ -31,13 +34,14 @@ MIN_PASSES, MAX_PASSES, TARGET_S = 3, 15, 0.2
 
 
 class LockStepProbe:
-    def __init__(self, step, comm, seed, global_batch, caps, devices, reports=None, memory=None):
-        """`step`: the Trainer's TrainerStep; `reports`: the engine's StepReports (the sizes this probe ran
-        are no warm-up in training); `memory()`: (bytes the device's pool holds, bytes free on the device)
-        or None (default: `device_memory` of the model's backend)."""
-        self.step, self.comm, self.seed = step, comm, seed
-        self.global_batch, self.user_caps, self._caps = int(global_batch), caps, None
-        self.memory = memory or (lambda: device_memory(step.model.backend))
+    def __init__(self, dp, samples, seed, caps, devices, reports=None, memory=None):
+        """`dp`: the engine (its model, communicator, global batch; its passes that leave no trace);
+        `samples`: the training split (`epoch_order`, `take`); `reports`: the engine's StepReports (the sizes
+        this probe ran are no warm-up in training); `memory()`: (bytes the device's pool holds, bytes free on
+        the device) or None (default: `device_memory` of the model's backend)."""
+        self.dp, self.samples, self.comm, self.seed = dp, samples, dp.comm, seed
+        self.global_batch, self.user_caps, self._caps = int(dp.global_batch), caps, None
+        self.memory = memory or (lambda: device_memory(dp.model.backend))
         self.devices = list(devices) if devices else ["cpu"] * comm.size
         self.reports = reports
         self.passes = None
@@ -54,7 +58,7 @@ class LockStepProbe:
                 top = min(top, self.user_caps[self.comm.rank])
             mine = -1.0
             if self.devices[self.comm.rank] == "gpu" and self.memory() is not None:
-                with self.step.side_passes():
+                with self.dp.side_passes():
                     mine = float(memory_cap(self.memory, self._pass, max(1, top // 4), top))
             every = [int(c) for c in self.comm.allgather(mine)]
             user = self.user_caps or [self.global_batch] * self.comm.size
@@ -68,10 +72,11 @@ class LockStepProbe:
         """The first b samples of epoch 0's order (one read of the largest size, shared by all)."""
         top = self.global_batch if self.user_caps is None else min(self.global_batch, max(self.user_caps))
         if self._batch is None:
-            idx = self.step.dataset.train.epoch_order(self.seed, 0)[:top]
-            x, labels = raise_together(self.comm, lambda: self.step.dataset.train.take(idx),
+            model = self.dp.model
+            idx = self.samples.epoch_order(self.seed, 0)[:top]
+            x, labels = raise_together(self.comm, lambda: self.samples.take(idx),
                                        "another rank could not read the probe's samples")
-            self._batch = (x, as_targets(labels, self.step.nclasses, self.step.model.dtype))
+            self._batch = (x, as_targets(labels, model.output_shape[-1], model.dtype))
         x, y = self._batch
         return x[:b], y[:b]
 
@@ -79,12 +84,14 @@ class LockStepProbe:
         if b <= 0:
             return
         x, y = self._data(b)
-        self.step.local_gradients(x, self.step.model.backend.asarray(y), 1.0, overlap=False)
+        y = self.dp.model.backend.asarray(y)
+        self.dp.calibrate_emulation(x, y, 1.0)            # the emulated speed's unit, on the probe's first pass
+        self.dp.local_gradients(x, y, 1.0, overlap=False)
 
     # --- the probe's calls ---------------------------------------------------------------------------------
     def warm(self, sizes_per_replica):
         """Untimed passes at each of this replica's sizes (every rank calls it; no collectives inside)."""
-        with self.step.side_passes():
+        with self.dp.side_passes():
             for b in sizes_per_replica[self.comm.rank]:
                 self._pass(b)
                 self.ran.add(int(b))
@@ -96,7 +103,7 @@ class LockStepProbe:
         """(every replica's median compute seconds at sizes[i], per replica the flagged passes' seconds)."""
         b = int(sizes[self.comm.rank])
         times = []
-        with self.step.side_passes():
+        with self.dp.side_passes():
             if b not in self.ran:
                 self._pass(b)                             # warm-up: not timed
                 self.ran.add(b)
@@ -123,7 +130,6 @@ class LockStepProbe:
 
     def speeds(self):
         """Every replica's samples/s at the equal split (the constant model's one point)."""
-        from pydtnn.parallel.balance import partition
         sizes = partition(self.global_batch, [1.0] * self.comm.size, self.user_caps)
         seconds, _ = self.measure(sizes)
         return [b / max(t, 1e-9) for b, t in zip(sizes, seconds)]
@@ -159,23 +165,20 @@ def memory_cap(memory, run, b_lo, b_hi):
     return int(b_hi + (MEMORY_FRACTION * (free + held_hi) - held_hi) // per_sample)
 
 
-def probe_split(trainer):
+def probe_split(dp, samples, seed):
     """A policy that asks for it gets its probe before training: the FPM's points at several local batches
     (fpm, dynamic, static without --replica_speeds), or the speeds at the equal split (probe); its split is
-    checked and agreed on. Nothing when the split came from a checkpoint."""
-    from pydtnn.errors import PyDTNNError
-    from pydtnn.parallel import policy_calls
-    policy, dp = trainer.policy, trainer.dp
-    if trainer.restored_split or not (policy.wants_probe or policy.wants_costs):
+    checked, agreed on and adopted by the engine `dp`. `samples`: the training split the probe reads."""
+    policy = dp.policy
+    if not (policy.wants_probe or policy.wants_costs):
         return
-    probe = LockStepProbe(trainer.step_runner, trainer.comm, trainer.seed, trainer.global_batch, trainer.caps,
-                          policy.devices, dp.reports)
+    probe = LockStepProbe(dp, samples, seed, dp.caps, policy.devices, dp.reports)
     new, error = None, None
     try:
         if policy.wants_costs:
             new = policy_calls.call(policy, "probe_costs", probe)
         else:
-            new = policy_calls.call(policy, "probed", trainer.global_batch, probe.speeds(), trainer.caps)
+            new = policy_calls.call(policy, "probed", dp.global_batch, probe.speeds(), dp.caps)
         new = None if new is None else dp.checked(new)
     except PyDTNNError as e:
         error = e
