@@ -11,14 +11,15 @@ from pydtnn.layers.base import Layer
 class Relu(Layer):
     internal_layout = True      # works on the backend's layout directly (no transposes)
 
-    def forward(self, x, training=False):
-        # wired to the layer before it (pydtnn/execution/relu_fusion.py), which applied this ReLU already
-        fused = self.fused_relu is not None and self.fused_relu.take()
+    def forward(self, x, training=False, *, relu=None):
+        # relu: the FusedRelu pairing this Relu with the layer before it (pydtnn/execution/relu_fusion.py), from
+        # the model's execution plan; where that layer applied this ReLU already, x is passed on as it is
+        fused = relu is not None and relu.take(x)
         self.y = x if fused else self.backend.relu_forward(x)
         return self.y
 
-    def backward(self, dy):
-        if self.fused_relu is not None and self.fused_relu.passed_on:   # the layer before applies the mask
+    def backward(self, dy, *, relu=None):
+        if relu is not None and relu.passed_on:         # the layer before applies the mask
             return dy
         return self.backend.relu_backward(dy, self.y)
 

@@ -26,14 +26,13 @@ from pydtnn.layers.base import Layer
 from pydtnn.layers.input import Input
 from pydtnn.losses import get_loss
 from pydtnn.metrics import get_metric
-from pydtnn.targets import as_targets, one_hot  # noqa: F401  (moved to pydtnn.targets; here for one release)
 from pydtnn.targets import targets_for_outputs
 from pydtnn.weights import load_weights, save_weights
 
 
 class Model:
     layer_timer = None          # a pydtnn.observe.layer_timer.LayerTimer while tracing or profiling layers
-    execution: ExecutionPlan | None = None     # what pydtnn.execution wired when the model was packed
+    execution: ExecutionPlan | None = None     # what pydtnn.execution paired when the model was packed
 
     def __init__(self, backend="cpu", dtype="float32", seed=0):
         self.backend = backend if isinstance(backend, Backend) else get_backend(backend, dtype, seed)
@@ -89,9 +88,7 @@ class Model:
                             self._grads[offset:offset + size].reshape(shape))
             self.param_offsets[f"{layer.name}/{name}"] = (offset, size)
             offset += size
-        if self.execution is not None:
-            self.execution.unwire()         # repacked after an add: wired anew
-        self.execution = plan(self.layers)  # fused Relus and dense chains, from what the layers declare
+        self.execution = plan(self.layers)  # fused Relus, dense chains, handed sums: from what the layers declare
         # top-level layer i owns params from _starts[i]; after its backward grads[_starts[i]:] are final
         self._starts, offset = [], 0
         for layer in self.layers:
@@ -129,12 +126,13 @@ class Model:
             self._pack()
         if not self.layers:
             raise ShapeError("the model has no layers")
-        timer = self.layer_timer
+        timer, execution = self.layer_timer, self.execution
         for layer in self.layers[:upto]:
+            call = execution.call(layer, "forward")         # forward_internal, given the layer's partners
             if timer is None:
-                x = layer.forward_internal(x, training)     # NCHW conversion only around a user layer
+                x = call(x, training)                       # NCHW conversion only around a user layer
             else:
-                x = timer.run(layer, "forward", layer.forward_internal, x, training)
+                x = timer.run(layer, "forward", call, x, training)
         return self.backend.to_user(x) if x.ndim == 4 else x
 
     def backward(self, dy, on_grads_ready=None, start=None, need_dx=True):
@@ -149,13 +147,14 @@ class Model:
         stop = len(self.layers) if start is None else start
         if len(self.layers) > 1:
             self.layers[1].input_grad_needed = need_dx
-        timer = self.layer_timer
-        passing = self.execution.backward_pass() if self.execution is not None else contextlib.nullcontext()
+        timer, execution = self.layer_timer, self.execution
+        passing = execution.backward_pass() if execution is not None else contextlib.nullcontext()
         with passing:                   # blocks may hand a sum to the block before them (pydtnn.execution)
             for i in range(stop - 1, -1 if need_dx else 0, -1):
                 layer = self.layers[i]
-                dy = layer.backward_internal(dy) if timer is None else timer.run(layer, "backward",
-                                                                                 layer.backward_internal, dy)
+                # backward_internal, given the layer's partners (unpacked: none)
+                call = execution.call(layer, "backward") if execution is not None else layer.backward_internal
+                dy = call(dy) if timer is None else timer.run(layer, "backward", call, dy)
                 if on_grads_ready is not None and self.layers[i].nparams:
                     on_grads_ready(self._starts[i])
         return dy if need_dx else None

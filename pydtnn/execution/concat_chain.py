@@ -17,17 +17,20 @@ The batch statistics of a dense layer's first layer, where it declares `takes_kn
 BatchNormalization), are per channel, and all but its k new channels are the previous layer's input, which
 that layer's first layer has just summed: in training the chain hands those moments on
 (`DenseChain.hand_on_moments`), so each one sums only its new channels, not the whole (growing) input again.
+
+The plan holds the chain and hands it to each block's forward as `chain=` and to each receiving layer's
+forward as `moments=`: the layers keep nothing of it, and a block run on its own copies.
 """
 from __future__ import annotations
 
-from pydtnn.execution.declared import declared
+from pydtnn.execution.declared import declared, planned_paths
 
 
 class DenseChain:
     """Blocks that share one array, in forward order: `rooms[i]` channels are left free in front of block
     i's output, where the new maps of the blocks after it go; `hand_offs` are the (first layer of block i-1,
-    first layer of block i) pairs that hand on batch moments. Made, it wires the blocks (`block.chain`) and
-    the receiving layers (`layer.moments_from`) to itself; `unwire` detaches them."""
+    first layer of block i) pairs that hand on batch moments. The plan gives it to the blocks' forward as
+    `chain=` and to the receiving layers' forward as `moments=`."""
 
     def __init__(self, blocks):
         self.blocks = list(blocks)
@@ -42,10 +45,6 @@ class DenseChain:
                            if takers[i - 1] is not None and takers[i] is not None}
         self._outs = [None] * len(self.blocks)  # each block's last output, while the next has not claimed its room
         self._known = {}                        # receiving layer -> moments for its next training forward
-        for block in self.blocks:
-            block.chain = self
-        for _, taker in self._hand_offs.values():
-            taker.moments_from = self
 
     @property
     def hand_offs(self):
@@ -86,19 +85,13 @@ class DenseChain:
         """The moments handed on to `layer` for this training forward, once; None if none were."""
         return self._known.pop(layer, None)
 
-    def unwire(self):
-        for block in self.blocks:
-            block.chain = None
-        for _, taker in self._hand_offs.values():
-            taker.moments_from = None
-
     def __repr__(self):
         return f"DenseChain({' -> '.join(block.name for block in self.blocks)}; rooms {self.rooms})"
 
 
 def link_concat_chains(layers) -> list[DenseChain]:
-    """A DenseChain for every run of two or more consecutive layers in `layers` (blocks' paths included)
-    that declare `shares_chain_array`. Returns the chains, in the order of their first blocks."""
+    """A DenseChain for every run of two or more consecutive layers in `layers` (the planned paths of blocks
+    included) that declare `shares_chain_array`. Returns the chains, in the order of their first blocks."""
     chains, run, run_at = [], [], 0
 
     def close():
@@ -113,7 +106,7 @@ def link_concat_chains(layers) -> list[DenseChain]:
         else:
             close()
             run = []
-        for path in getattr(layer, "paths", []):
+        for path in planned_paths(layer):
             chains += link_concat_chains(path)
     close()
     return chains

@@ -3,10 +3,11 @@ dx = dx_shortcut + dx_main, and block k's backward begins with its fused ReLU's 
 two run as one pass, relu_backward(dx_main, y_k, addend=dx_shortcut), which skips writing the sum and reading
 it back (a full activation tensor each way, per block) and one kernel and one array per block.
 
-Wired for top-level layers [B_k, Relu, B_k+1] where B_k is an AdditionBlock whose ReLU is fused
-(`relu_fusion`) and B_k+1 an AdditionBlock: `giver` B_k+1 and `taker` B_k share a SumHandoff. It acts only
-inside `Model.backward` (`handing_sums`), which runs the three in that order, and only when the Relu passed
-B_k's output on (its backward then passes the gradient on unchanged); a block's backward called on its own
+Paired for top-level layers [B_k, Relu, B_k+1] where B_k is an AdditionBlock whose ReLU is fused
+(`relu_fusion`) and B_k+1 an AdditionBlock: `giver` B_k+1 and `taker` B_k share a SumHandoff, which the plan
+hands to their backward as `sum_out=` and `sum_in=`. It acts only inside `Model.backward`, which runs the
+three in that order with what the plan paired them with, and only when the Relu passed B_k's output on (its
+backward then passes the gradient on unchanged); a block's backward called on its own gets no handoff and
 sums as before. IEEE addition is commutative, so the gradient is the same, bit for bit.
 """
 from __future__ import annotations
@@ -17,16 +18,14 @@ from pydtnn.execution.declared import declared
 
 
 class SumHandoff:
-    def __init__(self, taker, giver):
+    def __init__(self, taker, giver, fused):
         self.taker, self.giver = taker, giver
-        taker.sum_from = giver.sum_to = self
-        self.active = False
+        self.fused = fused          # the taker's FusedRelu, whose mask's pass adds the part
         self._part = None
 
     def can_give(self) -> bool:
         """Whether the giver may leave its last sum to the taker now."""
-        fused = self.taker.fused_relu
-        return self.active and fused is not None and fused.passed_on
+        return self.fused.passed_on
 
     def give(self, part):
         """The giver's other part of its input gradient (the taker adds it in its mask's pass)."""
@@ -37,31 +36,30 @@ class SumHandoff:
         part, self._part = self._part, None
         return part
 
-    def unwire(self):
-        self.taker.sum_from = self.giver.sum_to = None
-
     def __repr__(self):
         return f"SumHandoff({self.giver.name} -> {self.taker.name})"
 
 
-def link_sum_handoffs(layers) -> list[SumHandoff]:
-    """Wire every [block, its fused Relu, block] of `layers` (top level; after `relu_fusion`)."""
+def link_sum_handoffs(layers, fused_relus) -> list:
+    """A SumHandoff for every [block, its fused Relu, block] of `layers` (top level), `fused_relus` the pairs
+    of `relu_fusion`."""
+    fused_by = {pair.producer: pair for pair in fused_relus}
     out = []
     for taker, relu, giver in zip(layers, layers[1:], layers[2:]):
-        fused = taker.fused_relu
+        fused = fused_by.get(taker)
         if (fused is not None and fused.relu is relu and declared(taker, "takes_sum")
                 and declared(giver, "gives_sum")):
-            out.append(SumHandoff(taker, giver))
+            out.append(SumHandoff(taker, giver, fused))
     return out
 
 
 @contextlib.contextmanager
 def handing_sums(handoffs):
-    """The handoffs act for the block (a model's backward pass); nothing is left pending after it."""
+    """A model's backward pass: no part is pending before or after it (one a failed pass left behind)."""
     for h in handoffs:
-        h.active, h._part = True, None
+        h._part = None
     try:
         yield
     finally:
         for h in handoffs:
-            h.active, h._part = False, None
+            h._part = None

@@ -154,39 +154,44 @@ class Layer:
         return ", ".join(str(tuple(s)) for s, *_ in self.param_specs().values())
 
     # --- declarations: what the execution passes (pydtnn/execution/) may do with this layer -----------
-    # Nothing by default. The passes read them when the model is packed and set the wiring below to objects
-    # they own. A declaration holds for the class that defines it, not for its subclasses (which may compute
-    # something else): a subclass that still can declares again (`fuses_next_relu = Base.fuses_next_relu`).
-    fused_relu = None           # a FusedRelu: this layer applies the Relu after it, or is that Relu
-    chain = None                # a DenseChain: this block writes into the array its chain shares
-    moments_from = None         # a DenseChain that hands this layer the batch moments of its input's last channels
-    sum_to = sum_from = None    # a SumHandoff: this block leaves its last sum to the block before it, or adds it
+    # Nothing by default. The passes read them when the model is packed and pair layers; the plan they make
+    # (`Model.execution`) holds the pairs and hands a layer its partners as keywords of the forward or backward
+    # call it makes (the layer keeps none of them: called without them, as on its own, it runs unfused). A
+    # declaration promises those keywords. It holds for the class that defines it, not for its subclasses
+    # (which may compute something else): a subclass that still can declares again
+    # (`fuses_next_relu = Base.fuses_next_relu`).
 
     def fuses_next_relu(self) -> bool:
-        """Whether a Relu right after this layer can run inside it. Wired, forward returns
-        `self.fused_relu.hand_on(relu(result))` and backward first applies that ReLU's mask,
-        `backend.relu_backward(dy, self.fused_relu.y)`; the Relu passes both on unchanged."""
+        """Whether a Relu right after this layer can run inside it. Paired, forward and backward get `relu=`,
+        a FusedRelu: forward returns `relu.hand_on(relu(result))` and backward first applies that ReLU's mask,
+        `backend.relu_backward(dy, relu.y)`; the Relu passes both on unchanged."""
         return False
 
     def gives_sum(self) -> bool:
-        """Whether this layer's backward can end without its last sum: `self.sum_to.give(part)` and return the
-        other part, when `self.sum_to.can_give()` (`pydtnn.execution.sum_handoff`)."""
+        """Whether this layer's backward can end without its last sum: with `sum_out=` (a SumHandoff), when
+        `sum_out.can_give()`, `sum_out.give(part)` and return the other part (`pydtnn.execution.sum_handoff`)."""
         return False
 
     def takes_sum(self) -> bool:
-        """Whether this layer's backward (of a fused ReLU) can add the part its giver left,
-        `self.sum_from.take()`, in the mask's pass."""
+        """Whether this layer's backward (of a fused ReLU) can add the part its giver left, `sum_in.take()`
+        (`sum_in=`, a SumHandoff), in the mask's pass."""
         return False
 
     def takes_known_moments(self) -> bool:
         """Whether, first in a dense chain's block, a training forward can use the per-channel batch moments
-        of its input's last channels, summed before (`self.moments_from.take_moments(self)`, None if none),
-        and `batch_moments()` gives its own last ones (or None)."""
+        of its input's last channels, summed before (`moments=`, a DenseChain: `moments.take_moments(self)`,
+        None if none), and `batch_moments()` gives its own last ones (or None)."""
         return False
 
     def shares_chain_array(self) -> bool:
         """Whether this block can put its new maps in front of its input inside one array shared with the
-        blocks around it (`self.chain.merge(self, new, x)`)."""
+        blocks around it (`chain=`, a DenseChain, in forward: `chain.merge(self, new, x)`)."""
+        return False
+
+    def runs_paths_with_plan(self) -> bool:
+        """Whether this block's forward and backward take `plan=` (the model's ExecutionPlan) and call the
+        layers of its `paths` through it, `plan.call(layer, "forward")`: the passes then pair layers inside
+        its paths too."""
         return False
 
     # --- computation --------------------------------------------------------------------------------
@@ -200,18 +205,19 @@ class Layer:
     def _needs_boundary(self, a):
         return a is not None and a.ndim == 4 and not self.internal_layout and self.backend.layout != "NCHW"
 
-    def forward_internal(self, x, training=False):
+    # `options`: the partners the execution plan paired this layer with (keywords its declarations promise)
+    def forward_internal(self, x, training=False, **options):
         if self._needs_boundary(x):
             x = self.backend.to_user(x)
-        y = self.forward(x, training)
+        y = self.forward(x, training, **options)
         if y is not None and self._needs_boundary(y):
             y = self.backend.to_internal(y)
         return y
 
-    def backward_internal(self, dy):
+    def backward_internal(self, dy, **options):
         if self._needs_boundary(dy):
             dy = self.backend.to_user(dy)
-        dx = self.backward(dy)
+        dx = self.backward(dy, **options)
         if dx is None:
             if self.input_grad_needed and self.differentiable_input:
                 raise TypeError(f"layer {self.name} ({self.type_name}): backward returned None, but the layer "

@@ -8,9 +8,9 @@ With `sync` set (a `pydtnn.parallel.sync_batchnorm.BatchNormSync`, what the trai
 --sync_batchnorm), training uses the statistics of the global batch over all replicas, counts included,
 and every replica updates the same running statistics from them.
 
-What the execution passes wire when the model is packed (pydtnn/execution/) only adds options to the same
-kernels: relu= where the Relu after this layer runs in its passes, known= where a dense chain hands on the
-batch moments of the input's last channels.
+What the execution plan pairs it with when the model is packed (pydtnn/execution/), handed to forward and
+backward as keywords, only adds options to the same kernels: relu= where the Relu after this layer runs in
+its passes, known= where a dense chain hands on the batch moments of the input's last channels.
 """
 from pydtnn.layers.base import Layer, ParamAttr
 
@@ -53,8 +53,10 @@ class BatchNormalization(Layer):
         """In a dense chain, a training forward sums only the channels in front of the moments handed on."""
         return True
 
-    def forward(self, x, training=False):
-        options = self._kernel_options(training)
+    def forward(self, x, training=False, *, relu=None, moments=None):
+        """relu: the FusedRelu of the Relu after this layer, which runs in its passes; moments: the DenseChain
+        that hands on the batch moments of x's last channels (both from the model's execution plan)."""
+        options = self._kernel_options(training, relu is not None, moments)
         if training:
             # the running statistics are updated by the kernels (on the GPU, inside the finalize kernel)
             y, _, _, self.ctx = self.backend.batchnorm_forward_train(
@@ -63,16 +65,16 @@ class BatchNormalization(Layer):
             self.ctx, self.x = None, x      # kept so that a frozen (inference-mode) BN can back-propagate
             y = self.backend.batchnorm_forward_infer(x, self.gamma, self.beta, self.mean, self.var, self.epsilon,
                                                      **options)
-        return y if self.fused_relu is None else self.fused_relu.hand_on(y)     # y is relu(bn(x)) there
+        return y if relu is None else relu.hand_on(y)     # y is relu(bn(x)) there
 
-    def _kernel_options(self, training):
-        """The batchnorm kernels' options from what the passes wired: relu= where the Relu after this layer runs
-        inside it; in training, sync= and center= (the running mean, which every replica holds alike) under
-        --sync_batchnorm, else known= where a dense chain handed on the moments of x's last channels."""
-        options = {} if self.fused_relu is None else {"relu": True}
+    def _kernel_options(self, training, relu, moments):
+        """The batchnorm kernels' options: relu= where the Relu after this layer runs inside it; in training,
+        sync= and center= (the running mean, which every replica holds alike) under --sync_batchnorm, else
+        known= where a dense chain (`moments`) handed on the moments of x's last channels."""
+        options = {"relu": True} if relu else {}
         if not training:
             return options
-        known = None if self.moments_from is None else self.moments_from.take_moments(self)
+        known = None if moments is None else moments.take_moments(self)
         if self.sync is not None:
             options.update(sync=self.sync, center=self.mean)
         elif known is not None:
@@ -88,10 +90,10 @@ class BatchNormalization(Layer):
 
     backward_adds = True
 
-    def backward(self, dy, addend=None):
-        """dy: the gradient after the fused Relu when one is wired (that Relu passed it on).
+    def backward(self, dy, addend=None, *, relu=None):
+        """dy: the gradient after the fused Relu when `relu` (its FusedRelu) is given (that Relu passed it on).
         Returns dx, or dx + addend (another path's gradient of the same input, in the same pass)."""
-        relu_y = None if self.fused_relu is None else self.fused_relu.y
+        relu_y = None if relu is None else relu.y
         if self.ctx is None:
             dx = self._backward_frozen(dy if relu_y is None else self.backend.relu_backward(dy, relu_y))
             return dx if addend is None else dx + addend

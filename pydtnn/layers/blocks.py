@@ -4,8 +4,12 @@ Each path is a list of layers; [] is the identity path. Paths' parameters are la
 buffer in forward order (path 0 first), and backward visits the paths in reverse so that gradients become
 final from the end of the buffer towards its start (what the bucketed reducer relies on).
 
-Both declare what the execution passes may wire (pydtnn/execution/): an AdditionBlock applies a Relu right
-after it in its merge; consecutive (path, []) ConcatenationBlocks share one array, a DenseChain.
+Both declare what the execution passes may pair (pydtnn/execution/) and take the partners as keywords of
+forward and backward, from the model's plan, which holds the pairs: an AdditionBlock applies a Relu right
+after it in its merge (`relu=`) and hands its last sum to the block before it (`sum_out=` / `sum_in=`);
+consecutive (path, []) ConcatenationBlocks share one array (`chain=`, a DenseChain). Both run their paths'
+layers through the plan (`plan=`), which hands each its own partners; run without it (a block called on its
+own), a block runs its layers alone.
 """
 import functools
 import inspect
@@ -22,6 +26,15 @@ def _adds(layer) -> bool:
 @functools.lru_cache(maxsize=None)
 def _takes_addend(cls) -> bool:
     return "addend" in inspect.signature(cls.backward).parameters
+
+
+def _call(plan, layer, phase, **options):
+    """`layer`'s forward_internal or backward_internal with `options`, and with what `plan` (the model's
+    ExecutionPlan, None for a block run on its own) paired the layer with."""
+    if plan is not None:
+        return plan.call(layer, phase, **options)
+    fn = getattr(layer, f"{phase}_internal")
+    return functools.partial(fn, **options) if options else fn
 
 
 class _Block(Layer):
@@ -63,33 +76,46 @@ class _Block(Layer):
     def nparams(self):
         return sum(l.nparams for path in self.paths for l in path)
 
-    def forward(self, x, training=False):
+    def runs_paths_with_plan(self):
+        return True
+
+    def forward(self, x, training=False, *, plan=None):
+        return self.merge(self._forward_paths(x, training, plan))
+
+    def backward(self, dy, *, plan=None):
+        return self._backward_paths(dy, plan)
+
+    def _forward_paths(self, x, training, plan):
         outs = []
         for path in self.paths:
             y = x
             for layer in path:
-                y = self.run_sublayer(layer, "forward", layer.forward_internal, y, training)
+                y = self.run_sublayer(layer, "forward", _call(plan, layer, "forward"), y, training)
             outs.append(y)
-        return self.merge(outs)
+        return outs
 
-    def backward(self, dy):
+    def _backward_paths(self, dy, plan, sum_out=None):
+        """dL/dx; with `sum_out` (a SumHandoff) that can give, path 0's part is left to the block before this
+        one and the other paths' sum returned."""
         dx = None
         for k, (path, dpath) in reversed(list(enumerate(zip(self.paths, self.split(dy))))):
             for i in range(len(path) - 1, -1, -1):
                 layer = path[i]
                 if i == 0 and dx is not None and _adds(layer):      # the paths' sum in its own pass
-                    dpath, dx = self.run_sublayer(layer, "backward", functools.partial(layer.backward, addend=dx),
+                    dpath, dx = self.run_sublayer(layer, "backward", _call(plan, layer, "backward", addend=dx),
                                                   dpath), None
                 else:
-                    dpath = self.run_sublayer(layer, "backward", layer.backward_internal, dpath)
-            if dx is not None and k == 0 and self.sum_to is not None and self.sum_to.can_give():
-                self.sum_to.give(dx)             # the block before adds it in its mask's pass (sum_handoff)
+                    dpath = self.run_sublayer(layer, "backward", _call(plan, layer, "backward"), dpath)
+            if dx is not None and k == 0 and sum_out is not None and sum_out.can_give():
+                sum_out.give(dx)                # the block before adds it in its mask's pass (sum_handoff)
                 return dpath
             dx = dpath if dx is None else self.backend.add(dx, dpath)
         return dx
 
 
 class AdditionBlock(_Block):
+    runs_paths_with_plan = _Block.runs_paths_with_plan
+
     def fuses_next_relu(self):
         """A Relu right after this block runs in its merge where the backend's add takes relu= (`fuses_relu`)."""
         return bool(getattr(self.backend, "fuses_relu", False))
@@ -100,19 +126,28 @@ class AdditionBlock(_Block):
     def takes_sum(self):
         return True
 
-    def backward(self, dy):
-        if self.fused_relu is not None:         # the fused Relu passed dy on: its mask comes first
-            part = self.sum_from.take() if self.sum_from is not None else None    # the next block's other part
-            dy = self.backend.relu_backward(dy, self.fused_relu.y, addend=part)
-        return super().backward(dy)
+    def forward(self, x, training=False, *, relu=None, plan=None):
+        """relu: the FusedRelu of the Relu after this block, applied in the merge."""
+        outs = self._forward_paths(x, training, plan)
+        if relu is None:
+            return self.merge(outs)
+        return relu.hand_on(self.merge(outs, relu=True))
+
+    def backward(self, dy, *, relu=None, sum_in=None, sum_out=None, plan=None):
+        """sum_in / sum_out: the SumHandoffs that have this block add the next block's last part in its
+        mask's pass, and leave its own to the block before it."""
+        if relu is not None:                    # the fused Relu passed dy on: its mask comes first
+            part = sum_in.take() if sum_in is not None else None    # the next block's other part
+            dy = self.backend.relu_backward(dy, relu.y, addend=part)
+        return self._backward_paths(dy, plan, sum_out)
 
     def merge_shape(self, shapes):
         if any(s != shapes[0] for s in shapes):
             raise self.shape_error(f"paths give different shapes {shapes}; an addition needs equal shapes")
         return shapes[0]
 
-    def merge(self, outs):
-        relu = self.fused_relu is not None
+    def merge(self, outs, relu=False):
+        """The sum of the paths' outputs; relu'd where `relu` (the fused Relu's, in the last add)."""
         if len(outs) == 1 and not relu:
             return outs[0]
         if len(outs) == 1:
@@ -121,22 +156,27 @@ class AdditionBlock(_Block):
             y = self.backend.add(outs[0], outs[1], relu=relu and len(outs) == 2)
             for i, o in enumerate(outs[2:]):
                 y = self.backend.add(y, o, relu=relu and i == len(outs) - 3)
-        return self.fused_relu.hand_on(y) if relu else y
+        return y
 
     def split(self, dy):
         return [dy] * len(self.paths)
 
 
 class ConcatenationBlock(_Block):
+    runs_paths_with_plan = _Block.runs_paths_with_plan
+
     def shares_chain_array(self):
         """A chain of (path, []) blocks on a channels-last 4-D layout shares one array (DenseNet's dense layers)."""
         return (len(self.paths) == 2 and not self.paths[1] and bool(self.paths[0])
                 and len(self.shape) == 3 and getattr(self.backend, "channel_axis", 1) == 3)
 
-    def forward(self, x, training=False):
-        if training and self.chain is not None:
-            self.chain.hand_on_moments(self, x)
-        return super().forward(x, training)
+    def forward(self, x, training=False, *, chain=None, plan=None):
+        """chain: the DenseChain whose shared array this block writes into."""
+        if chain is None:
+            return self.merge(self._forward_paths(x, training, plan))
+        if training:
+            chain.hand_on_moments(self, x)
+        return self.merge(self._forward_paths(x, training, plan), chain=chain)
 
     def merge_shape(self, shapes):
         if any(len(s) != len(shapes[0]) or s[1:] != shapes[0][1:] for s in shapes):
@@ -147,9 +187,10 @@ class ConcatenationBlock(_Block):
     def _axis(self, ndim):
         return self.backend.channel_axis if ndim == 4 else 1
 
-    def merge(self, outs):
-        if self.chain is not None:
-            return self.chain.merge(self, *outs)
+    def merge(self, outs, chain=None):
+        """The paths' outputs along the channels: a slice of `chain`'s shared array where given, else a copy."""
+        if chain is not None:
+            return chain.merge(self, *outs)
         return self.xp.concatenate(outs, axis=self._axis(outs[0].ndim))
 
     def split(self, dy):

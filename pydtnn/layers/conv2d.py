@@ -83,17 +83,17 @@ class Conv2D(Layer):
         """A Relu right after this convolution runs in its bias pass where the backend takes relu=."""
         return bool(getattr(self.backend, "fuses_conv_relu", False))
 
-    def forward(self, x, training=False):
-        fused = self.fused_relu is not None
+    def forward(self, x, training=False, *, relu=None):
+        """relu: the FusedRelu of the Relu after this layer (from the model's execution plan)."""
         y, self.ctx = self.backend.conv2d_forward(x, self.weights, self.biases if self.use_bias else None,
-                                                  self.spec, **({"relu": True} if fused else {}))
-        return self.fused_relu.hand_on(y) if fused else y               # y is relu(conv(x) + b) there
+                                                  self.spec, **({"relu": True} if relu is not None else {}))
+        return relu.hand_on(y) if relu is not None else y               # y is relu(conv(x) + b) there
 
-    def backward(self, dy):
+    def backward(self, dy, *, relu=None):
         db = self.db if self.use_bias else None
         with_bias = self.use_bias
-        if self.fused_relu is not None:     # dy arrives after the fused Relu: its mask and the bias's gradient first
-            dy, _ = self.backend.bias_relu_backward(dy, self.fused_relu.y, db_out=db)
+        if relu is not None:        # dy arrives after the fused Relu: its mask and the bias's gradient first
+            dy, _ = self.backend.bias_relu_backward(dy, relu.y, db_out=db)
             with_bias = False
         self.backend.conv2d_backward_weights(dy, self.ctx, self.spec, with_bias,
                                              out=(self.dw, db if with_bias else None))

@@ -38,8 +38,7 @@ def blocks(model):
 
 
 def unchain(model):
-    for chain in model.execution.chains:
-        chain.unwire()
+    model.execution = model.execution.without("chains")
 
 
 def test_the_chains_and_their_room():
@@ -56,11 +55,12 @@ def test_the_model_lists_its_chains_and_what_they_hand_on():
     model.params  # noqa: B018      (packing plans the execution)
     chains, chain = model.execution.chains, blocks(model)
     assert [c.blocks for c in chains] == [chain[:3], chain[3:]] and [c.rooms for c in chains] == [[5, 2, 0], [2, 0]]
-    assert all(block.chain is c for c in chains for block in c.blocks)
+    partners = model.execution.partners
+    assert all(partners(block)["chain"] is c for c in chains for block in c.blocks)
     first_bn = [block.paths[0][0] for block in chain]
     assert chains[0].hand_offs == [(first_bn[0], first_bn[1]), (first_bn[1], first_bn[2])]
     assert chains[1].hand_offs == [(first_bn[3], first_bn[4])]
-    assert [bn.moments_from for bn in first_bn] == [None, chains[0], chains[0], None, chains[1]]
+    assert [partners(bn).get("moments") for bn in first_bn] == [None, chains[0], chains[0], None, chains[1]]
     assert "DenseChain(concatenation_block_3 -> concatenation_block_4; rooms [2, 0])" in repr(model.execution)
 
 
@@ -81,7 +81,8 @@ def test_only_the_declaring_classes_chain():
         model.add(layer)
     model.params  # noqa: B018
     [chain] = model.execution.chains
-    assert chain.blocks == model.layers[2:4] and model.layers[1].chain is None and chain.hand_offs == []
+    assert (chain.blocks == model.layers[2:4] and model.execution.partners(model.layers[1]).get("chain") is None
+            and chain.hand_offs == [])
 
 
 def test_gradients_vs_finite_differences():
@@ -95,7 +96,7 @@ def test_a_chain_writes_one_array_and_each_block_only_its_new_maps():
     outs = {}
     for block in blocks(model):
         merge = block.merge
-        block.merge = lambda o, _m=merge, _b=block: outs.setdefault(_b.name, _m(o))
+        block.merge = lambda o, _m=merge, _b=block, **chain: outs.setdefault(_b.name, _m(o, **chain))
     model.forward(np.random.default_rng(2).standard_normal((2, 3, 5, 6)), training=True)
     first, second = [outs[b.name] for b in blocks(model)[:3]], [outs[b.name] for b in blocks(model)[3:]]
     for chain in (first, second):

@@ -31,19 +31,27 @@ def _model(fuse, dtype="float64"):
     return model
 
 
+def _fused_relu(model, layer):
+    """The FusedRelu the model's plan pairs `layer` with (None: it runs on its own)."""
+    return model.execution.partners(layer).get("relu")
+
+
 def test_pairs_are_found_and_the_model_keeps_both_layers():
     fused, plain = _model(True), _model(False)
     fused.params, plain.params  # noqa: B018  (packing links the pairs)
     bns = [l for l in fused.all_layers() if isinstance(l, BatchNormalization)]
-    assert [type(b.fused_relu.relu).__name__ if b.fused_relu else None for b in bns] == ["Relu", "Relu", None]
-    assert all(l.fused_relu is None for l in plain.all_layers() if isinstance(l, (BatchNormalization, AdditionBlock)))
-    assert isinstance(fused.layers[4], AdditionBlock) and fused.layers[4].fused_relu.relu is fused.layers[5]
+    assert [type(_fused_relu(fused, b).relu).__name__ if _fused_relu(fused, b) else None
+            for b in bns] == ["Relu", "Relu", None]
+    assert all(_fused_relu(plain, l) is None for l in plain.all_layers()
+               if isinstance(l, (BatchNormalization, AdditionBlock)))
+    assert isinstance(fused.layers[4], AdditionBlock) and _fused_relu(fused, fused.layers[4]).relu is fused.layers[5]
     assert fused.summary() == plain.summary() and "relu" in fused.summary()
     resnet = Model(backend="cpu", seed=0)
     build_model("resnet20_cifar10", resnet)
     resnet.params  # noqa: B018
-    assert sum(l.fused_relu is not None for l in resnet.all_layers() if isinstance(l, BatchNormalization)) == 10
-    assert sum(l.fused_relu is not None for l in resnet.all_layers() if isinstance(l, AdditionBlock)) == 9
+    fused_in_resnet = [l for l in resnet.all_layers() if _fused_relu(resnet, l) is not None]
+    assert sum(isinstance(l, BatchNormalization) for l in fused_in_resnet) == 10
+    assert sum(isinstance(l, AdditionBlock) for l in fused_in_resnet) == 9
 
 
 def test_the_model_lists_its_fused_pairs_and_a_repack_wires_anew():
@@ -52,7 +60,7 @@ def test_the_model_lists_its_fused_pairs_and_a_repack_wires_anew():
     pairs = model.execution.fused_relus
     assert [(p.producer.name, p.relu.name) for p in pairs] == [
         ("batch_normalization", "relu"), ("batch_normalization_1", "relu_1"), ("addition_block", "relu_2")]
-    assert all(p.producer.fused_relu is p and p.relu.fused_relu is p for p in pairs)
+    assert all(_fused_relu(model, p.producer) is p and _fused_relu(model, p.relu) is p for p in pairs)
     assert model.execution.chains == [] and "FusedRelu(addition_block + relu_2)" in repr(model.execution)
     model.forward(np.zeros((2, 3, 7, 6)), training=True)
     alone = pairs[0].relu.forward(-np.ones((2, 7, 6, 4)))      # a Relu run on its own after its pair ran computes
@@ -69,8 +77,8 @@ def test_the_model_lists_its_fused_pairs_and_a_repack_wires_anew():
     assert [(p.producer, p.relu) for p in model.execution.fused_relus] == [(bn, relu)]
     model.backend.fuses_relu = False
     model.add(Flatten())
-    model.params  # noqa: B018      (the old plan's wiring is gone)
-    assert model.execution.fused_relus == [] and bn.fused_relu is None and relu.fused_relu is None
+    model.params  # noqa: B018      (the old plan's pairs are gone)
+    assert model.execution.fused_relus == [] and _fused_relu(model, bn) is None and _fused_relu(model, relu) is None
 
 
 class _Shift(Layer):
@@ -80,15 +88,15 @@ class _Shift(Layer):
     def fuses_next_relu(self):
         return True
 
-    def forward(self, x, training=False):
+    def forward(self, x, training=False, relu=None):
         y = x + 1
-        if self.fused_relu is None:
+        if relu is None:
             return y
-        return self.fused_relu.hand_on(self.backend.relu_forward(y))
+        return relu.hand_on(self.backend.relu_forward(y))
 
-    def backward(self, dy):
-        if self.fused_relu is not None:         # the Relu passed dy on: its mask first
-            dy = self.backend.relu_backward(dy, self.fused_relu.y)
+    def backward(self, dy, relu=None):
+        if relu is not None:                    # the Relu passed dy on: its mask first
+            dy = self.backend.relu_backward(dy, relu.y)
         return dy
 
 
@@ -116,7 +124,7 @@ def test_declarations_are_opt_in_and_not_inherited():
         y = m.forward(x, training=True)
         runs.append((y, m.backward(np.ones_like(y)), m.grads.copy()))
         assert [p.producer for p in m.execution.fused_relus] == ([m.layers[1], m.layers[3]] if fused else [])
-        assert all(p.relu.fused_relu.passed_on for p in m.execution.fused_relus)
+        assert all(_fused_relu(m, p.relu).passed_on for p in m.execution.fused_relus)
     for got, want in zip(*runs):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
 
@@ -136,7 +144,7 @@ def test_fused_equals_unfused_in_training_inference_and_backward():
         m.compute_gradients(x, y, "categorical_cross_entropy")
     np.testing.assert_allclose(fused.grads, plain.grads, rtol=1e-11, atol=1e-12)
     relus = [l for l in fused.all_layers() if isinstance(l, Relu)]
-    assert all(relu.fused_relu.passed_on for relu in relus[:3])     # the fused paths ran
+    assert all(_fused_relu(fused, relu).passed_on for relu in relus[:3])     # the fused paths ran
 
 
 def test_fused_gradients_vs_finite_differences():
@@ -151,7 +159,7 @@ def test_fused_gradients_vs_finite_differences():
     model.add(FC(shape=(3,)))
     x = np.random.default_rng(1).standard_normal((4, 3, 5, 4))
     assert_gradients(model, x, tol=1e-5)
-    assert model.layers[2].fused_relu.relu is model.layers[3] and model.layers[3].fused_relu.passed_on
+    assert _fused_relu(model, model.layers[2]).relu is model.layers[3] and _fused_relu(model, model.layers[3]).passed_on
 
 
 def test_fused_relu_keeps_nan():

@@ -42,11 +42,9 @@ def _model(backend, shape=(3, 6, 5)):
 
 def _gradients(model, x, y, handoffs=True):
     """(every parameter's gradient, dL/dx) of one training pass; `handoffs=False`: every block sums itself."""
-    model.params  # noqa: B018  (packing wires the passes)
+    model.params  # noqa: B018  (packing plans the passes)
     if not handoffs:
-        for h in model.execution.handoffs:
-            h.unwire()
-        model.execution.handoffs = []
+        model.execution = model.execution.without("handoffs")
     be = model.backend
     out = model.forward(be.asarray(x), training=True)
     dx = model.backward(out - be.asarray(y))
@@ -62,10 +60,11 @@ def _backends():
 
 def test_a_chain_of_blocks_hands_its_sums_down():
     model = _model(get_backend("cpu", "float64", 0))
-    model.params  # noqa: B018  (packing wires the passes)
+    model.params  # noqa: B018  (packing plans the passes)
     blocks = [l for l in model.layers if isinstance(l, AdditionBlock)]
     assert [(h.giver, h.taker) for h in model.execution.handoffs] == [(blocks[1], blocks[0]), (blocks[2], blocks[1])]
-    assert blocks[0].sum_to is None and blocks[2].sum_from is None
+    partners = model.execution.partners
+    assert partners(blocks[0]).get("sum_out") is None and partners(blocks[2]).get("sum_in") is None
 
 
 @pytest.mark.parametrize("which", ["cpu", "gpu-standin"])
@@ -94,10 +93,10 @@ def test_a_block_called_on_its_own_sums_itself():
     rng = np.random.default_rng(3)
     model.forward(rng.standard_normal((2, 3, 6, 5)), training=True)
     block = model.layers[6]
-    assert block.sum_to is not None
+    assert model.execution.partners(block).get("sum_out") is not None
     dy = be.to_internal(rng.standard_normal((2, 4, 6, 5)))       # the block's own layout (NHWC here)
     direct = block.backward(dy.copy())
-    block.sum_to.unwire()
+    model.execution = model.execution.without("handoffs")
     np.testing.assert_array_equal(direct, block.backward(dy.copy()))
 
 
