@@ -103,7 +103,7 @@ def test_the_map_names_every_package_and_top_level_module():
             names.append(f"pydtnn.{entry}")
         elif entry.endswith(".py") and entry != "__init__.py":
             names.append(f"pydtnn.{entry[:-3]}")
-    missing = [n for n in names if not re.search(rf"`{re.escape(n)}[`.(]", text)]
+    missing = [n for n in names if not re.search(rf"(?<![\w.]){re.escape(n)}(?!\w)", text)]
     assert len(names) > 25 and not missing, missing
 
 
@@ -119,3 +119,109 @@ def test_the_maps_rules_are_the_contracts():
         a = [drawn.find(m) for m in re.findall(r"pydtnn\.\w+", upper)]
         b = [drawn.find(m) for m in re.findall(r"pydtnn\.\w+", lower)]
         assert min(a) >= 0 and min(b) >= 0 and max(a) < min(b), (upper, lower)
+
+
+# ------------------------------------------------------------------------------------ the map against the tree
+
+def _packages(root):
+    """Every package folder of pydtnn (its `__init__.py` present; the zoo and the datasets through their links),
+    as the map names it ("pydtnn/parallel/balance/"), with its modules' file names."""
+    out = {}
+    for folder, dirs, files in os.walk(os.path.join(root, "pydtnn"), followlinks=True):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        if "__init__.py" in files:
+            rel = os.path.relpath(folder, root).replace(os.sep, "/") + "/"
+            out[rel] = sorted(f for f in files if f.endswith(".py") and f != "__init__.py")
+    return out
+
+
+def _package_items(text):
+    """{"pydtnn/x/": the text of its item} for each list item of the map that starts with a package's path."""
+    items, current = {}, None
+    for line in text.splitlines():
+        m = re.match(r"- `(pydtnn/(?:\w+/)*)`", line)
+        if m:
+            current = m.group(1)
+            items[current] = line
+        elif current and line.startswith("  ") and line.strip():
+            items[current] += " " + line.strip()
+        else:
+            current = None
+    return items
+
+
+def _defines(path, name):
+    """Whether the module at `path` (a file, or a package's __init__.py) defines or imports `name` at its top."""
+    source = open(path).read()
+    return (re.search(rf"^(?:class|def)\s+{name}\b|^{name}\s*[:=]|^from\s+\S+\s+import\s+(?:.*|\([^)]*)\b{name}\b",
+                      source, re.M) is not None
+            or re.search(rf"__all__\s*=\s*\[[^\]]*[\"']{name}[\"']", source) is not None)   # a lazy name
+
+
+def _module_file(root, dotted):
+    """The file of a module or package `pydtnn.a.b`, or None."""
+    base = os.path.join(root, *dotted.split("."))
+    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def map_problems(text, root):
+    """What the map gets wrong against the tree at `root`: a package with no item listing its files, a module
+    its package's item does not name, a file path or a dotted `pydtnn.` name the map names that does not exist."""
+    problems = []
+    items = _package_items(text)
+    for package, modules in _packages(root).items():
+        if package not in items:
+            problems.append(f"no item lists the package {package}")
+            continue
+        problems += [f"{package}{m} is not named in its package's item" for m in modules
+                     if f"`{m}`" not in items[package]]
+    for path in sorted(set(re.findall(r"(?<![\w/.])((?:pydtnn|scripts|tests|docs|datasets|models)/[\w./-]*[\w/])",
+                                      text))):
+        if not os.path.exists(os.path.join(root, path)):
+            problems.append(f"the path {path} does not exist")
+    for dotted in sorted(set(re.findall(r"(?<![\w.])pydtnn(?:\.\w+)+", text))):
+        parts = dotted.split(".")
+        found = next((k for k in range(len(parts), 0, -1) if _module_file(root, ".".join(parts[:k]))), 0)
+        rest = parts[found:]
+        if not found or len(rest) > 2 or (rest and not _defines(_module_file(root, ".".join(parts[:found])), rest[0])):
+            problems.append(f"the name {dotted} does not exist")
+    return problems
+
+
+def test_the_map_is_true_to_the_tree():
+    """docs/architecture.md lists every module of every package in its package's item, and every path and
+    `pydtnn.` name it names exists: a moved or new file fails here until the map follows."""
+    problems = map_problems(open(ARCHITECTURE).read(), REPO)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_map_check_finds_a_planted_wrong_path():
+    text = open(ARCHITECTURE).read()
+    planted = (text.replace("`epoch.py`", "`epochs.py`", 1)
+               + "\nSee `pydtnn/training/nowhere.py`, `pydtnn.parallel.balance.NoSuchPolicy` and "
+                 "`pydtnn.parallel.nothing`.\n")
+    problems = map_problems(planted, REPO)
+    assert "pydtnn/training/epoch.py is not named in its package's item" in problems, problems
+    assert "the path pydtnn/training/nowhere.py does not exist" in problems, problems
+    assert "the name pydtnn.parallel.balance.NoSuchPolicy does not exist" in problems, problems
+    assert "the name pydtnn.parallel.nothing does not exist" in problems, problems
+    assert map_problems(text.replace("- `pydtnn/observe/`", "- observe/"), REPO)[0] == \
+        "no item lists the package pydtnn/observe/"
+
+
+def test_the_stack_places_every_module_of_pydtnn():
+    """Every top-level package and module of pydtnn stands on a level of the `stack` contract, so that every
+    import between them is held to the stack's order."""
+    tomllib = pytest.importorskip("tomllib")              # Python 3.11+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        contracts = tomllib.load(f)["tool"]["importlinter"]["contracts"]
+    stack = next(c for c in contracts if c["id"] == "stack")["layers"]
+    placed = set(re.findall(r"pydtnn\.(\w+)", " ".join(stack)))
+    root = os.path.join(REPO, "pydtnn")
+    real = {e[:-3] if e.endswith(".py") else e for e in os.listdir(root)
+            if (e.endswith(".py") and e != "__init__.py")
+            or os.path.exists(os.path.join(root, e, "__init__.py"))}
+    assert real == placed, (sorted(real - placed), sorted(placed - real))

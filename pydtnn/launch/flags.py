@@ -12,6 +12,7 @@ import math
 import os
 
 from pydtnn.errors import ConfigError
+from pydtnn.optimizers import OPTIMIZERS
 from pydtnn.parallel.balance.policies import balance_help
 
 TRUE, FALSE = ("true", "1", "yes", "y", "on"), ("false", "0", "no", "n", "off")
@@ -213,7 +214,7 @@ def _dataset_flags(g):
 def _optimizer_flags(g):
     """The optimizer and its hyperparameters, the loss, clipping, the metrics."""
     B = boolean
-    g.add_argument("--optimizer", dest="optimizer_name", default="sgd", choices=["sgd", "rmsprop", "adam", "nadam", "adamw"])
+    g.add_argument("--optimizer", dest="optimizer_name", default="sgd", choices=list(OPTIMIZERS))
     g.add_argument("--learning_rate", type=finite_float, default=0.01)
     g.add_argument("--learning_rate_scaling", type=B, default=True,
                    help="data mode, SGD only: learning rate x replicas when the global batch is --batch_size x "
