@@ -101,6 +101,7 @@ class DataParallel:
         self._bn_sync = BatchNormSync(self.comm, timer=self.timer) if self.sync_batchnorm else None
         self.sync_batchnorm_layers(True)
         self._side_depth = 0
+        self.plan_guard = None          # what guard_plans measured ({}: nothing to compare)
         self.steps = 0
         # replicas start from the same weights and running statistics (rank 0's)
         self.comm.bcast_(model.params, root=0)
@@ -129,7 +130,10 @@ class DataParallel:
     def after_step(self, step, record, step_sizes=None):
         """The policy's decision after global step `step` of `step_sizes` (default the split in force), told
         as a StepReport (from the step's agreed `record`, or a list of seconds per sample); a new split is
-        checked, agreed on, announced in one line, then in force."""
+        checked, agreed on, announced in one line, then in force. A policy that does not read the steps
+        (`BalancePolicy.listens`: equal, static, fpm) is not called."""
+        if not self.policy.listens:
+            return
         sizes = list(self.sizes if step_sizes is None else step_sizes)
         report = (self.reports.report(record, sizes) if isinstance(record, StepRecord)
                   else StepReport.of(record, sizes))
@@ -304,6 +308,17 @@ class DataParallel:
         for layer in self.model.all_layers():
             if isinstance(layer, BatchNormalization):
                 layer.sync = sync
+
+    def guard_plans(self, x, y, weight):
+        """Once, after a step (its convolutions built and, with autotuning, tuned): time whole passes with the
+        tuned plans and with the heuristic's and keep the faster set (`ConvRunner.guard`), in passes that leave
+        no trace. Tuned plans that won alone could lose in a step (VGG-16's did on the H200). The launcher's
+        loop calls it after its first step; nothing on a backend without cuDNN's plans."""
+        conv = getattr(self.model.backend, "conv", None)
+        if self.plan_guard is not None or conv is None:
+            return
+        with self.side_passes():
+            self.plan_guard = conv.guard(lambda: self.forward_backward(x, y, weight, overlap=False))
 
     # --- passes that leave no trace ---------------------------------------------------------------------
     @contextlib.contextmanager

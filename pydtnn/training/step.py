@@ -6,8 +6,8 @@ batch of the epoch's shared order, taken in the background during the previous s
 (`pydtnn.training.prefetch`) and sent on to the device by the backend's input pipeline
 (`Backend.input_pipeline`: on a GPU an asynchronous copy from pinned memory; integer labels travel as they are
 and become one-hot targets there); the emulation's calibration before the first step; the loop's metrics;
-the GPU's convolution plans checked after the first step; and the agreement on a rank that could not read
-its batch (the flag rides in the step's record, then every rank raises it).
+the GPU's convolution plans checked after the first step (`DataParallel.guard_plans`); and the agreement on a
+rank that could not read its batch (the flag rides in the step's record, then every rank raises it).
 """
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ class TrainerStep:
         self.lagged = lagged
         self.nclasses = model.output_shape[-1]        # classes of (N, K) or per-position (N, T, K) outputs
         self.inputs = model.backend.input_pipeline()
-        self.plan_guard = None          # what guard_plans measured ({}: nothing to compare)
         self.prefetcher = BatchPrefetcher(self.take)
 
     # --- this rank's batch ------------------------------------------------------------------------------
@@ -61,17 +60,6 @@ class TrainerStep:
             x = np.zeros((n,) + tuple(self.model.input_shape), np.int64 if getattr(first, "ids", False) else np.float32)
             return self.inputs.put(x, np.zeros((n,) + tuple(self.model.output_shape), self.model.dtype)), e
 
-    # --- the GPU's convolution plans ---------------------------------------------------------------------
-    def guard_plans(self, x, y, weight):
-        """After the first step (its convolutions built and, with autotuning, tuned): time whole passes with the
-        tuned plans and with the heuristic's and keep the faster set (`ConvRunner.guard`), in passes that leave
-        no trace. Tuned plans that won alone could lose in a step (VGG-16's did on the H200)."""
-        conv = getattr(self.model.backend, "conv", None)
-        if self.plan_guard is not None or conv is None:
-            return
-        with self.dp.side_passes():
-            self.plan_guard = conv.guard(lambda: self.dp.forward_backward(x, y, weight, overlap=False))
-
     # --- one step ---------------------------------------------------------------------------------------
     def run(self, indices, epoch, step_sizes, next_indices=None, flags=None):
         """The step on this rank's `indices` of a step of `step_sizes`; returns the agreed StepRecord (with
@@ -85,7 +73,7 @@ class TrainerStep:
         self.dp.calibrate_emulation(x, y, weight)       # before the step's timer: not its compute
         record = self.dp.step(x, y, weight, len(indices) / sum(step_sizes), metric_fns=self.metric_fns,
                               data_error=data_error is not None, flags=flags, lagged=self.lagged)
-        self.guard_plans(x, y, weight)
+        self.dp.guard_plans(x, y, weight)               # after the first step: its plans built and tuned
         self.inputs.done(ticket)
         if record.data_error:
             agree_on_error(self.dp.comm, data_error, "another rank could not read its batch")

@@ -726,9 +726,9 @@ def test_glue_trainer_guards_tuned_plans_once_and_leaves_no_trace(monkeypatch):
             model.add(layer)
         trainer = Trainer(model, data, SGD(learning_rate=0.05), global_batch=4, progress=False, seed=0)
         if not guard:
-            trainer.step_runner.plan_guard = {}
+            trainer.dp.plan_guard = {}
         trainer.fit(1)
-        return trainer.step_runner.plan_guard, np.concatenate([a.ravel() for a in model.state_arrays().values()])
+        return trainer.dp.plan_guard, np.concatenate([a.ravel() for a in model.state_arrays().values()])
     with gpu_standin.active():
         monkeypatch.setitem(fake_cudnn.SETTINGS, "noise", 0.0)
         # the tuned plan ("exact") and the heuristic's (the first that builds) both give the same bits every call

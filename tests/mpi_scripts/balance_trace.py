@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from pydtnn.parallel import sharding
-from pydtnn.parallel.balance import proportional
+from pydtnn.parallel.balance import probe_speeds, proportional
 from pydtnn.parallel.comm import MPIComm
 from pydtnn.observe.timeline import Timeline, write_chrome_trace
 from pydtnn.observe.timing import ReplicaStats, StepTimer, epoch_summary
@@ -20,7 +20,7 @@ rank, size = comm.rank, comm.size
 
 # probe: rank r is (r+1) times slower per sample; every rank gets the same vector
 delay = 0.01 * (rank + 1)
-speeds = balance.probe_speeds(lambda: time.sleep(delay), comm, k=3, samples_per_call=4)
+speeds = probe_speeds(lambda: time.sleep(delay), comm, k=3, samples_per_call=4)
 assert speeds.shape == (size,)
 allv = comm.allgather(speeds)
 assert np.all(allv == allv[0]), allv                      # bit-identical on every rank

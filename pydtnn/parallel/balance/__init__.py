@@ -72,6 +72,12 @@ class BalancePolicy:
     # where checkpoints keep the state (the dynamic policy keeps the key older checkpoints used)
     checkpoint_key = "balance_policy_state"
 
+    @property
+    def listens(self) -> bool:
+        """Whether this policy reads the steps (its class defines `after_step`): one that does not is told
+        nothing, so the loop builds no report for it."""
+        return type(self).after_step is not BalancePolicy.after_step
+
     def bind(self, rank, nreplicas, devices=None, options=None) -> None:
         self.rank, self.nreplicas = int(rank), int(nreplicas)
         self.devices = list(devices) if devices is not None else ["cpu"] * self.nreplicas
