@@ -1,32 +1,50 @@
 #!/usr/bin/env bash
-# The GPU device check: one prepared script for the GPU machine (one H200, CUDA 13, CuPy 14, Open MPI 4.1.6,
-# PyTorch, no network; docs/gpu.md records what it printed). It runs from a bare checkout: the project is
-# not installed there, PYTHONPATH names the checkout (pydtnn/models and pydtnn/datasets are links inside it).
+# The GPU check: what only a GPU can show about PyDTNN's GPU backend, in one command and about 6 minutes.
+# docs/gpu.md says what to install, what it prints, and what a pass and a failure look like.
 #
-#   here, first:    bash scripts/gpu/gpu_check_prepare.sh      (the cuDNN frontend wheel into .gpu_data, size check)
-#   on the device:  run(command="bash scripts/gpu_check.sh", carry=[".gpu_data"], timeout_s=420)
-#   here, no GPU:   bash scripts/gpu_check.sh --dry-run    (the script's own logic, from an environment where
-#                   the project is NOT installed too; every GPU stage reports "skipped: no GPU";
-#                   tests/launch/test_check_script.py runs it)
+#   bash scripts/gpu_check.sh             on a machine with an NVIDIA GPU, after `pip install -e ".[gpu]"` (CUDA
+#                                          12) or `pip install -e ".[gpu13]"` (CUDA 13), never both. It also runs
+#                                          from a checkout that is not installed: it puts the checkout first on
+#                                          PYTHONPATH (and restores the pydtnn/models and pydtnn/datasets links
+#                                          if a copy lost them).
+#   bash scripts/gpu_check.sh --dry-run   anywhere, no GPU needed: the script's own logic; each stage checks what
+#                                          it can without a GPU (its imports from the checkout, the tests it
+#                                          would select) and says "skipped: no GPU" for the rest
 #
-# Stages, most useful first, each under its own `timeout` (capped by what is left of the budget), each
-# ending with one "RESULT:" line that goes to the console and to summary.txt as soon as it ends:
-#   versions 20 s (installs the carried wheel), conformance 70 s (pytest -k "gpu and not standin"),
-#   bench 130 s (ResNet-50 and VGG-16 at batch 64 in tf32, fp32, fp32_strict against PyTorch, with a kernel
-#   profile of each), loop 40 s (scripts/gpu/bench_loop.py: the launcher's ResNet-50 steps, their numbers read a
-#   step late and at each step's end, and replayed as a CUDA graph, beside the bare step), mixed 50 s
-#   (scripts/gpu/fpm_device_check.py: gpu,cpu,cpu ResNet-20 balanced by the FPM), mnist 15 s, resume 15 s,
-#   nccl 10 s: 350 s of limits, budget 355 s, so that a second run still fits in a 15-minute device session.
-# What comes back in $OUT (at most 5 files, no folders; the device returns at most 8):
-#   summary.txt  one line per stage      gpu_check.log    every stage's whole output, appended as it runs
-#   conformance.xml  pytest's JUnit XML  bench.jsonl      one JSON line per benchmark row (profile included,
-#                                                          and the loop stage's rows)
-#   histories.json   {"mnist": [...], "mixed_fpm": [...], "mixed_probe": [...], "mixed_dynamic": [...]}
-# Work files live in a fresh folder under /tmp.
-# Knobs: PYTHON (python3); GPU_CHECK_BUDGET (355 s); GPU_CHECK_LIMIT_<stage> (seconds, e.g.
-# GPU_CHECK_LIMIT_bench=200); GPU_CHECK_ONLY / GPU_CHECK_SKIP ("bench mixed": stages to run / not to run);
-# PYDTNN_GPU_CONV=frontend|legacy. Dry run only: GPU_CHECK_DRY_SLEEP ("conformance=3 mnist=1": seconds a
-# stage's stand-in body sleeps, to exercise the limits).
+# Stages, the decisive ones first, each under its own limit (seconds), each ending with one "RESULT:" line that
+# goes to the console and to summary.txt as soon as it ends:
+#   versions 20      versions of CUDA, CuPy, cuDNN, NCCL, PyTorch; one convolution per precision
+#   decisive 35      the tests that decide the rest: graphed steps replay the eager ones bit for bit on the
+#                    device, and our fused kernels (compiled by NVRTC) equal NumPy
+#   conformance 50   the other device tests (pytest -k "gpu and not standin and not glue")
+#   bench 125        scripts/gpu/bench_gpu.py: ResNet-50 and VGG-16, batch 64, tf32/fp32/fp32_strict against
+#                    PyTorch, with a kernel profile of each
+#   loop 40          scripts/gpu/bench_loop.py: the launcher's ResNet-50 steps read a step late, read at each
+#                    step's end, and replayed as a CUDA graph, beside the bare step
+#   mixed 40         scripts/gpu/fpm_device_check.py: gpu,cpu,cpu ResNet-20 balanced by the FPM
+#   mnist 15, resume 15, nccl 10
+# A stage ends by itself before its limit (the benchmarks check the time before each row and each round, pytest
+# starts no test past the stage's deadline) and then reports "stopped at its limit": not a failure. A stage
+# still running at its limit is stopped by `timeout` and reported the same way. A stage that fails says
+# "FAILED" with the last lines of its output. The last line: "check passed", "check incomplete" (no stage
+# failed, but one stopped at its limit or did not start; exit status 0 for both) or "check FAILED: <stages>"
+# (exit status 1).
+# What it writes in $OUT: summary.txt (one line per stage), gpu_check.log (every stage's whole output, as it
+# runs), conformance.xml (pytest's JUnit XML of the decisive and conformance stages), bench.jsonl (one JSON line
+# per benchmark row, its kernel profile included, and the loop stage's rows), histories.json (the training
+# runs' histories). Work files live in a fresh folder under /tmp, removed at the end.
+# Knobs (environment variables):
+#   OUT                       where the results go (out/gpu_check in the checkout)
+#   PYTHON                    the Python to run (python3)
+#   GPU_CHECK_LIMIT_<stage>   a stage's limit in seconds, e.g. GPU_CHECK_LIMIT_bench=300
+#   GPU_CHECK_ONLY, _SKIP     stages to run / not to run, e.g. GPU_CHECK_ONLY="decisive bench"
+#   GPU_CHECK_TOTAL_LIMIT     the whole check's limit (the stage limits' sum + 5): a stage that would start
+#                             with under 10 s of it left does not start
+#   GPU_CHECK_WHEELS          a folder of wheels the versions stage installs from if the cuDNN frontend is
+#                             missing (.wheels: scripts/gpu/gpu_check_prepare.sh, for a machine without internet)
+#   PYDTNN_GPU_CONV           frontend|legacy: which cuDNN API our convolutions use (auto)
+#   GPU_CHECK_DRY_SLEEP       dry run only: "conformance=3 mnist=1", seconds a stage's dry body sleeps, to
+#                             exercise the limits
 set -u
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -36,37 +54,56 @@ OUT="${OUT:-$REPO/out/gpu_check}"
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/pydtnn-gpu-check.XXXXXX)
 PY="${PYTHON:-python3}"
-BUDGET="${GPU_CHECK_BUDGET:-355}"
 ONLY=" ${GPU_CHECK_ONLY:-} "
 SKIP=" ${GPU_CHECK_SKIP:-} "
+WHEELS="${GPU_CHECK_WHEELS:-$REPO/.wheels}"
 MNIST="tests/data/mnist-t10k"
 SUMMARY="$OUT/summary.txt"
 LOG="$OUT/gpu_check.log"
 HIST="$OUT/histories.json"
-STAGES=(versions:20 conformance:70 bench:130 loop:40 mixed:50 mnist:15 resume:15 nccl:10)
+STAGES=(versions:20 decisive:35 conformance:50 bench:125 loop:40 mixed:40 mnist:15 resume:15 nccl:10)
+# the decisive tests, by name (the dry run fails if one is not found)
+DECISIVE="test_gpu_graphed_steps_train_exactly_as_eager_steps_on_the_device
+test_elementwise_kernels_packed_unpacked_and_per_plane
+test_batchnorm_fused_relu_addend_and_running_stats_equal_the_separate_passes"
+DECISIVE=$(echo $DECISIVE)      # one line, one space between names
 START=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-export PYTHONPATH="$REPO:$REPO/scripts/gpu:/tmp/pydtnn-gpu-site${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$REPO:$REPO/scripts/gpu:$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
 export OMPI_MCA_btl_vader_single_copy_mechanism=none    # Open MPI shared memory inside containers
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 : > "$SUMMARY"
 : > "$LOG"
+rm -f "$OUT/conformance.xml" "$OUT/bench.jsonl" "$HIST"     # an earlier run's results are not this run's
 
 elapsed() { echo $(( $(date +%s) - START )); }
 say() { echo "$1" | tee -a "$SUMMARY" >> "$LOG"; echo "$1"; }
 
+# a copy of the checkout can lose the two links the package needs (or hold them as text files, as git does
+# where links are off): link them again
+restore_links() {
+    local name restored=""
+    for name in models datasets; do
+        if [ ! -d "pydtnn/$name" ] && [ -d "$name" ]; then
+            rm -f "pydtnn/$name" && ln -s "../$name" "pydtnn/$name" && restored+=" pydtnn/$name -> ../$name"
+        fi
+    done
+    [ -n "$restored" ] && echo "checkout: restored the link(s)$restored"
+}
+
 # stage NAME DEFAULT_LIMIT: do_NAME (or, in a dry run, dry_stage NAME) under timeout; its output appended to
 # the log as it runs; one summary line (verdict, seconds, the stage's last RESULT line) when it ends
 stage() {
-    local name=$1 var="GPU_CHECK_LIMIT_$1" limit left t0 rc verdict result fn="do_$1"
+    local name=$1 var="GPU_CHECK_LIMIT_$1" limit left t0 rc verdict result stopped fn="do_$1"
     limit=${!var:-$2}
     if [[ "$SKIP" == *" $name "* ]] || { [[ "$ONLY" != "  " ]] && [[ "$ONLY" != *" $name "* ]]; }; then
         say "$name: skipped (GPU_CHECK_ONLY / GPU_CHECK_SKIP)"
         return 0
     fi
-    left=$(( BUDGET - $(elapsed) ))
+    left=$(( TOTAL_LIMIT - $(elapsed) ))
     if (( left < 10 )); then
-        say "$name: not started (the ${BUDGET}s budget is spent at $(elapsed)s)"
+        say "$name: not started (the check's ${TOTAL_LIMIT}s total limit is spent at $(elapsed)s)"
+        NOT_STARTED+=" $name"
         return 0
     fi
     (( limit > left )) && limit=$left
@@ -76,14 +113,22 @@ stage() {
     STAGE_LIMIT=$limit STAGE_END=$(( t0 + limit )) timeout -k 5 "$limit" bash -c "$fn" 2>&1 \
         | tee "$WORK/$name.out" >> "$LOG"
     rc=${PIPESTATUS[0]}
+    stopped=$(grep '^STOPPED: ' "$WORK/$name.out" | tail -1)
     verdict="ok"
     (( DRY )) && verdict="dry run ok (its GPU work skipped: no GPU)"
+    [ -n "$stopped" ] && verdict="stopped at its ${limit}s limit"
     (( rc != 0 )) && verdict="FAILED (rc=$rc)"
-    (( rc == 124 || rc == 137 )) && verdict="TIMED OUT at its ${limit}s limit"
+    (( rc == 124 || rc == 137 )) && verdict="stopped at its ${limit}s limit (by timeout)"
+    case $verdict in
+        FAILED*) FAILED_STAGES+=" $name" ;;
+        stopped*) STOPPED_STAGES+=" $name" ;;
+    esac
     result=$(grep '^RESULT: ' "$WORK/$name.out" | tail -1 | cut -c9-)
     say "$name: $verdict in $(( $(date +%s) - t0 ))s (at $(elapsed)s)${result:+: $result}"
-    if (( rc != 0 )); then
+    if [[ $verdict == FAILED* ]]; then
         grep -v '^RESULT: ' "$WORK/$name.out" | tail -4 | sed 's/^/    | /' | cut -c1-300
+    elif [ -n "$stopped" ]; then
+        echo "    | $stopped" | cut -c1-300
     fi
     return 0
 }
@@ -94,19 +139,22 @@ dry_stage() {   # a stage in a dry run (no GPU here): what of it can be checked 
         [ "${s%%=*}" = "$1" ] && sleep "${s#*=}"
     done
     case $1 in
-        conformance)     # the very selection of the real stage, collected
-            conformance_args
-            "$PY" -m pytest --collect-only -q -p no:cacheprovider -p gpu_check_deadline "${CONFORMANCE[@]}" \
-                > "$WORK/collect.out" 2>&1 || { tail -5 "$WORK/collect.out"; return 1; }
-            echo "RESULT: would run $(grep -c '::' "$WORK/collect.out") tests, of which" \
-                 "$(grep '::' "$WORK/collect.out" | grep -ci standin) stand-in ones" ;;
+        decisive)        # the very selection of the real stage, collected: every decisive test is found
+            dry_collect decisive || return 1
+            local name missing=()
+            for name in $DECISIVE; do
+                grep -q "::$name" "$WORK/decisive.collect" || missing+=("$name")
+            done
+            (( ${#missing[@]} == 0 )) || { echo "RESULT: decisive test(s) not found: ${missing[*]}"; return 1; } ;;
+        conformance)
+            dry_collect conformance || return 1 ;;
         nccl)            # the helper's imports, with the PYTHONPATH the two ranks get
-            dry_imports pydtnn.parallel.comm pydtnn.parallel.comm.nccl || return 1 ;;
+            dry_imports pydtnn.parallel.comm pydtnn.parallel.comm.nccl pydtnn.parallel.runtime.mpirun || return 1 ;;
         versions)
             dry_imports pydtnn.backends.gpu.backend pydtnn.backends.gpu.cudnn pydtnn.backends.gpu.cudnn.frontend \
                 pydtnn.backends.gpu.cudnn.legacy pydtnn.backends.gpu.kernels || return 1 ;;
         bench)           # bench_gpu.py's own imports, and its zoo models built on the CPU
-            dry_imports bench_gpu pydtnn.models pydtnn.parallel pydtnn.optimizers || return 1
+            dry_imports bench_gpu time_limit pydtnn.models pydtnn.parallel pydtnn.optimizers || return 1
             "$PY" -c "from pydtnn import Model; from pydtnn.models import build_model
 for name in ('resnet50_imagenet', 'vgg16_imagenet'): build_model(name, Model(), input_shape=(3, 32, 32))" \
                 || return 1 ;;
@@ -134,11 +182,26 @@ for name in sys.argv[1:]:
 print('RESULT: imports from the checkout:', ', '.join(sys.argv[1:]))" "$@"
 }
 
-conformance_args() {
-    # the hardware parameters only (the stand-in glue tests run in CI), the GPU backend's own tests first;
-    # NCCL has its own stage; the pip resolution of the GPU extras needs a network the device lacks
-    CONFORMANCE=(-k "gpu and not standin and not glue" --deselect "tests/backends/test_gpu_backend.py::test_nccl_comm_single_rank[gpu]"
-                 --ignore tests/backends/test_gpu_extras.py tests/backends/test_gpu_backend.py tests)
+dry_collect() {  # dry_collect STAGE: the pytest selection of a stage, collected
+    selection "$1"
+    "$PY" -m pytest --collect-only -q -p no:cacheprovider -p gpu_check_deadline "${SELECTION[@]}" \
+        > "$WORK/$1.collect" 2>&1 || { tail -5 "$WORK/$1.collect"; return 1; }
+    echo "RESULT: would run $(grep -c '::' "$WORK/$1.collect") tests, of which" \
+         "$(grep '::' "$WORK/$1.collect" | grep -ci standin) stand-in ones"
+}
+
+selection() {    # selection STAGE: SELECTION, the pytest arguments of the decisive or the conformance stage
+    # the hardware parameters only (the stand-in and glue tests run everywhere, without a GPU); NCCL has its
+    # own stage; the pip resolution of the GPU extras is not the device's business
+    local names="(${DECISIVE// / or })"
+    if [ "$1" = decisive ]; then
+        SELECTION=(-k "gpu and not standin and not glue and $names"
+                   tests/training/test_cuda_graphs.py tests/backends/test_gpu_backend.py)
+    else
+        SELECTION=(-k "gpu and not standin and not glue and not $names"
+                   --deselect "tests/backends/test_gpu_backend.py::test_nccl_comm_single_rank[gpu]"
+                   --ignore tests/backends/test_gpu_extras.py tests/backends/test_gpu_backend.py tests)
+    fi
 }
 
 merge_history() {   # merge_history NAME FILE: add FILE's rows to $OUT/histories.json under NAME
@@ -154,15 +217,21 @@ os.replace(tmp, path)
 EOF
 }
 
+seconds_left() {    # seconds_left MARGIN: what is left of the stage's limit, less MARGIN (at least 5)
+    local left=$(( STAGE_END - $(date +%s) - $1 ))
+    echo $(( left > 5 ? left : 5 ))
+}
+
 do_versions() {
     shopt -s nullglob
-    local wheels=(.gpu_data/wheels/*.whl)
+    local wheels=("$WHEELS"/*.whl)
     if ! "$PY" -c "import cudnn" 2>/dev/null; then
-        if (( ${#wheels[@]} )); then        # offline, without dependencies (docs/gpu.md: the carried wheel)
-            "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/pydtnn-gpu-site "${wheels[@]}" \
-                || echo "installing the carried wheels failed"
+        if (( ${#wheels[@]} )); then        # offline, without dependencies (scripts/gpu/gpu_check_prepare.sh)
+            "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "${wheels[@]}" \
+                || echo "installing the wheels of $WHEELS failed"
         else
-            echo "no carried wheel in .gpu_data/wheels (run scripts/gpu/gpu_check_prepare.sh before): no cuDNN frontend"
+            echo "no cuDNN frontend: pip install -e \".[gpu]\" (or \".[gpu13]\") brings it; without it our" \
+                 "convolutions run on cuDNN's legacy API"
         fi
     fi
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
@@ -212,26 +281,53 @@ print(f"RESULT: cupy {cupy.__version__}, {cupy.cuda.runtime.getDeviceCount()} de
 EOF
 }
 
-do_conformance() {
-    local extra=()
+# pytest_stage NAME: the stage's selection under the deadline plugin (it starts no test 8 s before the stage's
+# end, so that pytest still writes its JUnit XML, which it writes only at the end); its tests' counts
+pytest_stage() {
+    local extra=() rc
     "$PY" -c "import pytest_timeout" 2>/dev/null && extra=(--timeout 60)
-    # gpu_check_deadline stops starting tests 8 s before the stage's end, so that pytest still writes its
-    # JUnit XML (only at the end)
-    conformance_args
-    GPU_CHECK_DEADLINE=$(( STAGE_END - 8 )) "$PY" -m pytest -v -rfE -p no:cacheprovider -p gpu_check_deadline \
-        "${extra[@]}" --junitxml="$OUT/conformance.xml" "${CONFORMANCE[@]}"
-    local rc=$?
-    "$PY" - "$OUT/conformance.xml" <<'EOF'
-import sys, xml.etree.ElementTree as ET
+    selection "$1"
+    GPU_CHECK_DEADLINE=$(( STAGE_END - 8 )) "$PY" -m pytest -v -rfEs -p no:cacheprovider -p gpu_check_deadline \
+        "${extra[@]}" --junitxml="$WORK/$1.xml" "${SELECTION[@]}" 2>&1 | tee "$WORK/$1.pytest"
+    rc=${PIPESTATUS[0]}
+    "$PY" - "$1" "$WORK" "$OUT/conformance.xml" "$rc" <<'EOF'
+import os, re, sys, xml.etree.ElementTree as ET
+name, work, merged, rc = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 try:
-    root = ET.parse(sys.argv[1]).getroot()
+    root = ET.parse(os.path.join(work, name + ".xml")).getroot()
 except Exception as e:
-    print(f"RESULT: no JUnit XML ({type(e).__name__})"); sys.exit(0)
+    print(f"RESULT: no JUnit XML ({type(e).__name__}); pytest exited with {rc}"); sys.exit(1)
 suite = root if root.tag == "testsuite" else root.find("testsuite")
+suite.set("name", name)
+both = ET.parse(merged).getroot() if os.path.exists(merged) else ET.Element("testsuites")
+both[:] = [s for s in both if s.get("name") != name] + [suite]    # one testsuite per stage
+ET.ElementTree(both).write(merged + ".tmp", encoding="utf-8", xml_declaration=True)
+os.replace(merged + ".tmp", merged)
 n, f, e, s = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
-print(f"RESULT: {n - f - e - s} passed, {f} failed, {e} errors, {s} skipped (of {n} run)")
+text = open(os.path.join(work, name + ".pytest"), errors="replace").read()
+selected = re.search(r"(\d+) selected", text)
+failed = [c.get("name") for c in suite.iter("testcase") if c.find("failure") is not None or c.find("error") is not None]
+print(f"RESULT: {n - f - e - s} passed, {f} failed, {e} errors, {s} skipped (of {n} run)"
+      + (f"; failed: {', '.join(failed)}"[:300] if failed else ""))
+if f or e:
+    sys.exit(1)
+if "gpu_check deadline reached" in text:
+    left = int(selected.group(1)) - n if selected else "some"
+    print(f"STOPPED: the stage's deadline: {left} test(s) not run")
+    sys.exit(0)
+if name == "decisive" and s:          # a decisive test that skips has not shown anything
+    print(f"{s} decisive test(s) skipped: is the GPU backend usable here? (see the versions stage)")
+    sys.exit(1)
+sys.exit(rc)
 EOF
-    return $rc
+}
+
+do_decisive() {
+    pytest_stage decisive
+}
+
+do_conformance() {
+    pytest_stage conformance
 }
 
 do_nccl() {
@@ -244,8 +340,11 @@ try:
 except ConfigError as e:
     print(f"REFUSED as expected: {e}", flush=True)
 EOF
-    local rc=0 refused one
-    mpirun --allow-run-as-root -np 2 -x PYTHONPATH "$PY" -m mpi4py "$WORK/nccl_two_ranks.py" > "$WORK/nccl2.out" 2>&1
+    local rc=0 refused one command
+    command=$("$PY" -c "import shlex, sys
+from pydtnn.parallel.runtime.mpirun import mpi_command
+print(shlex.join(mpi_command(2, sys.argv[1])))" "$WORK/nccl_two_ranks.py") || return 1
+    eval "$command" > "$WORK/nccl2.out" 2>&1
     cat "$WORK/nccl2.out"
     refused=$(grep -c '^REFUSED as expected: NCCL needs one GPU per rank' "$WORK/nccl2.out")
     [ "$refused" = 2 ] || rc=1
@@ -276,18 +375,20 @@ EOF
 }
 
 do_bench() {
-    # ResNet-50 then VGG-16 in TF32 and fp32 (the rows the goal names) first, then both in fp32_strict; each call
-    # starts no configuration that cannot finish before the stage's end (--max_seconds)
+    # ResNet-50 then VGG-16 in TF32 and fp32 first, then both in fp32_strict; each call ends by itself before
+    # the stage's end (--max_seconds: it checks the time before each row, round and profile; the second
+    # call knows from the first's rows how long a row takes)
     local rc=0
     "$PY" scripts/gpu/bench_gpu.py --models resnet50_imagenet,vgg16_imagenet --precision tf32,fp32 \
         --batch 64 --block 5 --rounds 5 --warmup 2 --profile --jsonl "$OUT/bench.jsonl" \
-        --max_seconds $(( STAGE_END - $(date +%s) - 40 > 5 ? STAGE_END - $(date +%s) - 40 : 5 )) || rc=1
+        --max_seconds "$(seconds_left 10)" || rc=1
     "$PY" scripts/gpu/bench_gpu.py --models resnet50_imagenet,vgg16_imagenet --precision fp32_strict \
         --batch 64 --block 5 --rounds 5 --warmup 2 --profile --jsonl "$OUT/bench.jsonl" \
-        --max_seconds $(( STAGE_END - $(date +%s) - 40 > 5 ? STAGE_END - $(date +%s) - 40 : 5 )) || rc=1
+        --max_seconds "$(seconds_left 10)" --estimates_from "$OUT/bench.jsonl" || rc=1
     "$PY" - "$OUT/bench.jsonl" <<'EOF'
 import json, os, sys
 rows = [json.loads(l) for l in open(sys.argv[1])] if os.path.exists(sys.argv[1]) else []
+rows = [r for r in rows if "mode" not in r]                   # the loop stage's rows are its own
 done = [f"{r['model'].split('_')[0]} {r['precision']} ours {r['ours_ms']:.1f} ms"
         + (f" torch {r['torch_ms']:.1f} ms ({r['ratio']:.2f}x)" if r.get("torch_ms") else "") for r in rows if "ours_ms" in r]
 print(f"RESULT: {len(done)} of 6 configurations measured" + (": " + "; ".join(done) if done else ""))
@@ -297,9 +398,9 @@ EOF
 
 do_loop() {
     # the launcher's loop on one GPU (ResNet-50, batch 64, TF32): a step's numbers read a step late (the
-    # default) against read at its end, and the bare step beside them (issue 36, item 3)
+    # default) against read at its end, and replayed as a CUDA graph, beside the bare step
     "$PY" scripts/gpu/bench_loop.py --model resnet50_imagenet --batch 64 --precision tf32 --steps_per_epoch 8 \
-        --epochs 3 --jsonl "$OUT/bench.jsonl"
+        --epochs 3 --jsonl "$OUT/bench.jsonl" --max_seconds "$(seconds_left 5)"
 }
 
 do_resume() {
@@ -327,10 +428,10 @@ EOF
 }
 
 do_mixed() {
-    # issue 37 on a device: one GPU replica beside two CPU replicas, ResNet-20, B = 256: the FPM split (max/min
-    # compute <= 1.10, the epoch within 1.10x of the predicted makespan), the constant model and dynamic beside it
+    # one GPU replica beside two CPU replicas, ResNet-20, B = 256: the FPM split (max/min compute <= 1.10, the
+    # epoch within 1.10x of the predicted makespan), the constant model and dynamic beside it
     "$PY" scripts/gpu/fpm_device_check.py --devices gpu,cpu,cpu --model resnet20_cifar10 --global_batch_size 256 \
-        --steps 10 --out "$WORK/fpm" --timeout $(( STAGE_LIMIT > 20 ? STAGE_LIMIT - 10 : 10 )) | tee "$WORK/fpm.out"
+        --steps 10 --out "$WORK/fpm" --max_seconds "$(seconds_left 5)" | tee "$WORK/fpm.out"
     local rc=${PIPESTATUS[0]} policy
     for policy in fpm probe dynamic; do
         [ -f "$WORK/fpm/$policy.json" ] && merge_history "mixed_$policy" "$WORK/fpm/$policy.json"
@@ -339,8 +440,9 @@ do_mixed() {
     return $rc
 }
 
-export PY OUT WORK MNIST HIST REPO
-export -f conformance_args do_versions do_conformance do_nccl do_mnist do_bench do_loop do_resume do_mixed dry_stage dry_imports merge_history
+export PY OUT WORK MNIST HIST REPO WHEELS DECISIVE
+export -f selection pytest_stage seconds_left do_versions do_decisive do_conformance do_nccl do_mnist do_bench \
+    do_loop do_resume do_mixed dry_stage dry_imports dry_collect merge_history
 limits=""
 total=0
 for s in "${STAGES[@]}"; do
@@ -348,12 +450,26 @@ for s in "${STAGES[@]}"; do
     limits+=" ${s%%:*}=${!var:-${s#*:}}"
     total=$(( total + ${!var:-${s#*:}} ))
 done
-say "PyDTNN GPU check$( (( DRY )) && echo ' (DRY RUN: no GPU stage runs)'), $(date -u +%Y-%m-%dT%H:%M:%SZ), budget ${BUDGET}s; stage limits (${total}s):${limits}"
+TOTAL_LIMIT="${GPU_CHECK_TOTAL_LIMIT:-$(( total + 5 ))}"
+FAILED_STAGES="" STOPPED_STAGES="" NOT_STARTED=""
+restored=$(restore_links)
+say "PyDTNN GPU check$( (( DRY )) && echo ' (DRY RUN: no GPU stage runs)'), $(date -u +%Y-%m-%dT%H:%M:%SZ), total limit ${TOTAL_LIMIT}s; stage limits (${total}s):${limits}"
+[ -n "$restored" ] && say "$restored"
 for s in "${STAGES[@]}"; do
     stage "${s%%:*}" "${s#*:}"
 done
 nfiles=$(find "$OUT" -mindepth 1 | wc -l)
 say "total: $(elapsed)s; $nfiles file(s) in \$OUT: $(cd "$OUT" && ls | paste -sd ' ' -)"
-(( nfiles > 5 )) && say "WARNING: more than the 5 files this check means to bring back"
 rm -rf "$WORK"
+# the verdict: failed (exit status 1) if a stage failed; else passed, or incomplete where a stage stopped at its
+# limit or did not start (raise GPU_CHECK_LIMIT_<stage> or GPU_CHECK_TOTAL_LIMIT)
+partial="${STOPPED_STAGES:+; stopped at its limit:$STOPPED_STAGES}${NOT_STARTED:+; not started:$NOT_STARTED}"
+if [ -n "$FAILED_STAGES" ]; then
+    say "check FAILED:$FAILED_STAGES$partial"
+    exit 1
+elif [ -n "$partial" ]; then
+    say "check incomplete: no stage failed$partial"
+else
+    say "check passed: no stage failed"
+fi
 exit 0

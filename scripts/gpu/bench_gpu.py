@@ -4,7 +4,8 @@
     python scripts/gpu/bench_gpu.py                                   # resnet50_imagenet, vgg16_imagenet, simplecnn
     python scripts/gpu/bench_gpu.py --precision fp32 --models simplecnn --block 10
     python scripts/gpu/bench_gpu.py --no_autotune --conv legacy       # heuristic plans, the cuDNN legacy API
-    python scripts/gpu/bench_gpu.py --profile profile.json            # + a kernel profile of one step of each
+    python scripts/gpu/bench_gpu.py --profile --jsonl rows.jsonl      # + a kernel profile of each; a JSON line a row
+    python scripts/gpu/bench_gpu.py --max_seconds 120                 # ends by itself within 2 minutes
 
 Like with like:
 - precision "tf32": TF32 allowed on both sides; "fp32": TF32 off on both (torch.backends.cuda.matmul.allow_tf32
@@ -23,6 +24,10 @@ blocks, the frameworks alternating block by block. The ratio is ours / PyTorch i
 --profile: one more block of each framework under PyTorch's profiler with CUDA activities, which records every
 kernel of the process (CuPy's and cuDNN's too): per step, wall ms, GPU-busy ms (the kernels' summed
 durations), kernels launched, and the top kernels by time.
+
+--max_seconds: the run ends by itself within that time. Before each row (a model in one precision), each timed
+round after a row's first and each profile, it checks that the longest such piece so far still fits; rows not
+started are printed as skipped, and one closing `STOPPED: ...` line says what was not run.
 """
 from __future__ import annotations
 
@@ -34,6 +39,8 @@ import sys
 import time
 
 import numpy as np  # noqa: E402
+
+from time_limit import TimeLimit
 
 DEFAULT_MODELS = "resnet50_imagenet,vgg16_imagenet,simplecnn"
 
@@ -195,7 +202,21 @@ def kernel_profile(step, n, synchronize, top=12):
             "top": [{"kernel": k[:120], "ms": us / 1e3 / n, "per_step": c / n} for k, (us, c) in ranked]}
 
 
-def bench_one(name, precision, args, use_torch):
+def alternate_blocks(steps, sync, args, limit, kind):
+    """{framework: [ms per step of each block]}: --rounds blocks each, the frameworks alternating (and who goes
+    first alternating); a round after the first starts only if the longest round so far fits in the limit."""
+    times = {k: [] for k in steps}
+    order = list(steps)
+    for i in range(args.rounds):
+        if i and not limit.fits(kind):
+            break
+        with limit.timing(kind):
+            for k in (order if i % 2 == 0 else order[::-1]):
+                times[k].append(block_ms(steps[k], args.block, sync[k]))
+    return times
+
+
+def bench_one(name, precision, args, use_torch, limit):
     row = {"model": name, "precision": precision, "batch": args.batch}
     t0 = time.perf_counter()
     ours, be, shape, nclasses = ours_setup(name, args.batch, precision, args)
@@ -218,11 +239,10 @@ def bench_one(name, precision, args, use_torch):
         sync["torch"] = torch.cuda.synchronize
         for _ in range(args.warmup):
             theirs()
-    times = {k: [] for k in steps}
-    order = list(steps)
-    for i in range(args.rounds):                                 # alternate, and alternate who goes first
-        for k in (order if i % 2 == 0 else order[::-1]):
-            times[k].append(block_ms(steps[k], args.block, sync[k]))
+    times = alternate_blocks(steps, sync, args, limit, f"round {name} {precision}")
+    row["rounds"] = len(times["ours"])
+    if row["rounds"] < args.rounds:
+        limit.skip(f"{precision} {name}: rounds {row['rounds'] + 1}-{args.rounds}")
     for k, ts in times.items():
         med = statistics.median(ts)
         row[f"{k}_ms"] = med
@@ -230,8 +250,14 @@ def bench_one(name, precision, args, use_torch):
         row[f"{k}_img_s"] = 1e3 * args.batch / med
     if use_torch:
         row["ratio"] = row["ours_img_s"] / row["torch_img_s"]
-        if args.profile:
-            row["profile"] = {k: kernel_profile(steps[k], args.block, sync[k]) for k in steps}
+        if args.profile:                    # under the profiler a block takes longer: at least two rounds' time
+            kind = f"profile {name} {precision}"
+            if limit.fits(kind, like="profile ", at_least=2 * limit.estimate(f"round {name} {precision}")):
+                with limit.timing(kind):
+                    row["profile"] = {k: kernel_profile(steps[k], args.block, sync[k]) for k in steps}
+            else:
+                row["profile_skipped"] = "time limit (--max_seconds)"
+                limit.skip(f"{precision} {name}: its kernel profile")
     row["conv"] = be.conv_report()
     return row
 
@@ -272,6 +298,48 @@ def print_table(rows):
                 print(f"  {k['ms']:8.2f} ms  x{k['per_step']:<5.0f} {k['kernel'][:90]}")
 
 
+def run_rows(names, precisions, measure, limit, jsonl=None):
+    """Every model in every precision (a model in all its precisions before the next: most useful first),
+    `measure(name, precision) -> row`. A row starts only if the longest earlier row of its model (of any model
+    before its first) fits in what is left of the limit; one that does not, or that fails, is a row with
+    "skipped". Each row goes to `jsonl` as soon as it ends."""
+    rows = []
+    for name in names:
+        for precision in precisions:
+            kind = f"row {name}"
+            if not limit.fits(kind, like="row "):
+                rows.append({"model": name, "precision": precision, "skipped": "time limit (--max_seconds)"})
+                limit.skip(f"{precision} {name}")
+            else:
+                t0 = time.perf_counter()
+                try:
+                    with limit.timing(kind):
+                        rows.append(measure(name, precision))
+                    rows[-1]["row_s"] = time.perf_counter() - t0
+                except Exception as e:  # noqa: BLE001 - one failing configuration must not lose the others
+                    rows.append({"model": name, "precision": precision,
+                                 "skipped": "FAILED " + " ".join(f"{type(e).__name__}: {e}".split())[:400]})
+            r = rows[-1]
+            append_jsonl(jsonl, r)
+            if "skipped" in r:
+                print(f"# {precision} {name}: {r['skipped']}", file=sys.stderr, flush=True)
+                continue
+            print(f"# {precision} {name}: ours {r['ours_ms']:.2f} ms"
+                  + (f", torch {r['torch_ms']:.2f} ms ({r['torch_model']})" if "torch_ms" in r else "")
+                  + f", first step {r['ours_first_step_s']:.1f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def seed_row_estimates(limit, path):
+    """The longest row of each model in an earlier run's JSON lines, as this run's estimates: a run that
+    follows another within one time limit knows before its first row how long a row takes."""
+    for line in open(path):
+        row = json.loads(line)
+        if "row_s" in row and "model" in row:
+            kind = f"row {row['model']}"
+            limit.longest[kind] = max(row["row_s"], limit.longest.get(kind, 0.0))
+
+
 def append_jsonl(path, row):
     """One JSON line per row, flushed and fsynced at once."""
     if not path:
@@ -297,7 +365,13 @@ def main(argv=None):
     p.add_argument("--no_autotune", action="store_true", help="our convolutions: the heuristic's plans")
     p.add_argument("--profile", action="store_true", help="add a kernel profile of each framework's step")
     p.add_argument("--no_torch", action="store_true", help="time ours only")
-    p.add_argument("--max_seconds", type=float, default=150.0, help="start no new configuration after this")
+    p.add_argument("--max_seconds", type=float, default=None,
+                   help="end within this many seconds: a row, a timed round or a profile starts only if the longest "
+                        "of its kind so far fits in what is left; what was not run is one 'STOPPED:' line at the end "
+                        "(default: no limit)")
+    p.add_argument("--estimates_from", default=None,
+                   help="JSON lines of an earlier run (its --jsonl): their rows' durations are the first estimates "
+                        "of --max_seconds")
     p.add_argument("--json", default=None, help="also write the rows as JSON here, at the end")
     p.add_argument("--jsonl", default=None,
                    help="append each row as one JSON line here as soon as it is measured (flushed: a timeout "
@@ -313,29 +387,18 @@ def main(argv=None):
         if not use_torch:
             print("PyTorch with CUDA is not available: timing ours only", file=sys.stderr)
     t_start = time.perf_counter()
-    rows = []
+    limit = TimeLimit(args.max_seconds)
+    if args.estimates_from and os.path.exists(args.estimates_from):
+        seed_row_estimates(limit, args.estimates_from)
     precisions = [s.strip() for s in args.precision.split(",") if s.strip()]
     names = [s.strip() for s in args.models.split(",") if s.strip()]
-    for name in names:                 # a model in every precision before the next model (most useful first)
-        for precision in precisions:
-            if time.perf_counter() - t_start > args.max_seconds:
-                rows.append({"model": name, "precision": precision, "skipped": "time budget (--max_seconds)"})
-                append_jsonl(args.jsonl, rows[-1])
-                continue
-            try:
-                rows.append(bench_one(name, precision, args, use_torch))
-            except Exception as e:  # noqa: BLE001 - one failing configuration must not lose the others
-                rows.append({"model": name, "precision": precision,
-                             "skipped": "FAILED " + " ".join(f"{type(e).__name__}: {e}".split())[:400]})
-            free_device_memory(use_torch)
-            r = rows[-1]
-            append_jsonl(args.jsonl, r)
-            if "skipped" in r:
-                print(f"# {precision} {name}: {r['skipped']}", file=sys.stderr, flush=True)
-                continue
-            print(f"# {precision} {name}: ours {r['ours_ms']:.2f} ms"
-                  + (f", torch {r['torch_ms']:.2f} ms ({r['torch_model']})" if use_torch else "")
-                  + f", first step {r['ours_first_step_s']:.1f} s", file=sys.stderr, flush=True)
+
+    def measure(name, precision):
+        row = bench_one(name, precision, args, use_torch, limit)
+        free_device_memory(use_torch)
+        return row
+
+    rows = run_rows(names, precisions, measure, limit, args.jsonl)
     print(f"\nbatch {args.batch}, median of {args.rounds} blocks of {args.block} steps after {args.warmup} warm-up, "
           f"convolutions: {args.conv or 'auto'}{'' if args.no_autotune else ' autotuned'}; "
           f"total {time.perf_counter() - t_start:.0f} s")
@@ -343,6 +406,8 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=str)
+    if limit.stopped_line():
+        print(limit.stopped_line(), flush=True)
     return 0
 
 

@@ -10,7 +10,8 @@ backward replayed as a CUDA graph (`--cuda_graphs`: `pydtnn.parallel.step_graphs
 Per mode, ms per step: the median over the steps of every epoch after the first (plans built, buffers
 allocated), timed from one step's on_batch_begin to the next's (a step's whole host and device work);
 the modes alternate epoch by epoch on one model. "loop overhead" is a mode's step over the bare one's: the
-host time per step the device waits for. One JSON line per mode goes to --jsonl.
+host time per step the device waits for. One JSON line per mode goes to --jsonl. With --max_seconds it ends by
+itself within that time (fewer epochs, said in a closing `STOPPED: ...` line).
 """
 from __future__ import annotations
 
@@ -44,9 +45,14 @@ def main(argv=None) -> int:
     p.add_argument("--steps_per_epoch", type=int, default=8, help="steps timed per epoch")
     p.add_argument("--epochs", type=int, default=3, help="epochs per mode; the first is warm-up")
     p.add_argument("--jsonl", default=None, help="append one JSON line per mode to this file")
+    p.add_argument("--max_seconds", type=float, default=None,
+                   help="end within this many seconds: an epoch after the first (and a bare block after the first) "
+                        "starts only if it fits; what was not run is one 'STOPPED:' line at the end (default: no "
+                        "limit)")
     a = p.parse_args(argv)
 
     from bench_gpu import block_ms
+    from time_limit import TimeLimit
     from pydtnn import Model
     from pydtnn.backends.gpu.backend import GPUBackend
     from pydtnn.datasets import from_arrays
@@ -69,14 +75,22 @@ def main(argv=None) -> int:
                               callbacks=[clock], lagged_reads=(mode != "read at end"),
                               cuda_graphs=(mode == "graphs"), log=said.append)
                 for mode, clock in clocks.items()}
+    limit = TimeLimit(a.max_seconds)
     per_step = {mode: [] for mode in clocks}
     for epoch in range(a.epochs):
-        for mode, trainer in trainers.items():
-            clock = clocks[mode]
-            clock.marks = []
-            trainer.fit(1)
-            if epoch:                                   # the first epoch builds plans and buffers
-                per_step[mode] += list(np.diff(clock.marks) * 1e3)
+        # the first epoch builds plans and buffers; a later one starts only if it fits: the longest timed epoch
+        # so far, or before any, the first epoch's median step times the epoch's steps, every mode
+        guess = sum(a.steps_per_epoch * statistics.median(np.diff(clocks[m].marks)) for m in clocks) if epoch else 0
+        if epoch and not limit.fits("epoch", at_least=guess):
+            limit.skip(f"epochs {epoch + 1}-{a.epochs} of every mode")
+            break
+        with limit.timing("epoch" if epoch else "epoch 0"):
+            for mode, trainer in trainers.items():
+                clock = clocks[mode]
+                clock.marks = []
+                trainer.fit(1)
+                if epoch:
+                    per_step[mode] += list(np.diff(clock.marks) * 1e3)
     x = be.asarray(rng.random((a.batch,) + shape, dtype=np.float32))
     y = be.asarray(np.eye(nclasses, dtype=np.float32)[rng.integers(0, nclasses, a.batch)])
     dp = DataParallel(model, optimizer, global_batch=a.batch)
@@ -84,10 +98,21 @@ def main(argv=None) -> int:
     def bare():
         dp.local_gradients(x, y, 1.0, sync=False)
         dp.update()
-    bare_ms = statistics.median(block_ms(bare, a.steps_per_epoch, be.synchronize) for _ in range(a.epochs))
+    blocks = []
+    for i in range(a.epochs):                           # one block per epoch, the first always
+        if i and not limit.fits("bare block"):
+            limit.skip(f"bare blocks {i + 1}-{a.epochs}")
+            break
+        with limit.timing("bare block"):
+            blocks.append(block_ms(bare, a.steps_per_epoch, be.synchronize))
+    bare_ms = statistics.median(blocks)
     print(f"{a.model} batch {a.batch} {a.precision}: bare step {bare_ms:.2f} ms")
+    median = {}
     for mode, times in per_step.items():
-        ms = statistics.median(times)
+        if not times:
+            print(f"  loop, {mode}: not timed (no epoch after the first fitted in --max_seconds)")
+            continue
+        ms = median[mode] = statistics.median(times)
         row = {"model": a.model, "batch": a.batch, "precision": a.precision, "mode": mode, "step_ms": ms,
                "bare_ms": bare_ms, "overhead_ms": ms - bare_ms, "steps": len(times),
                "lagged": trainers[mode].lagged}
@@ -102,10 +127,15 @@ def main(argv=None) -> int:
     for line in said:
         if "CUDA graphs" in line:
             print(line)
-    lag, now, graphed = (statistics.median(per_step[m]) for m in ("lagged", "read at end", "graphs"))
-    print(f"RESULT: {a.model} {a.precision} b={a.batch}: bare {bare_ms:.1f} ms, loop lagged {lag:.1f} ms, "
-          f"read at end {now:.1f} ms, graphs {graphed:.1f} ms (lagged: {now / lag:.3f}x the steps per second; "
-          f"graphs: {lag / graphed:.3f}x lagged's)")
+    if len(median) == len(clocks):
+        lag, now, graphed = (median[m] for m in ("lagged", "read at end", "graphs"))
+        print(f"RESULT: {a.model} {a.precision} b={a.batch}: bare {bare_ms:.1f} ms, loop lagged {lag:.1f} ms, "
+              f"read at end {now:.1f} ms, graphs {graphed:.1f} ms (lagged: {now / lag:.3f}x the steps per second; "
+              f"graphs: {lag / graphed:.3f}x lagged's)")
+    else:
+        print(f"RESULT: {a.model} {a.precision} b={a.batch}: bare {bare_ms:.1f} ms; the loop's modes not timed")
+    if limit.stopped_line():
+        print(limit.stopped_line())
     return 0
 
 

@@ -13,7 +13,8 @@ the epoch within 1.10x of the predicted makespan; a FAIL line says which was mis
 Then, in one GPU process, the cost of a re-split to a local batch that was not warmed: a step at b = 200 after
 warm-up, then the first and the second step at b = 203 (a shape with no cuDNN plan yet); the first one's extra
 time is what a re-split costs when shapes are not warmed (the FPM policies warm every bucket while probing).
-Everything goes to stdout; each run's output also under --out.
+Everything goes to stdout; each run's output also under --out. With --max_seconds it ends by itself within that
+time (runs not started, or stopped, are said in a closing `STOPPED: ...` line; they are not failures).
 """
 from __future__ import annotations
 
@@ -29,11 +30,30 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from time_limit import TimeLimit  # noqa: E402 - beside this script
+
 LAUNCHER = REPO / "scripts" / "pydtnn_benchmark.py"
 TARGET = 1.10
 
 
-def run_policy(a, policy, out):
+def run_within(a, limit, what, command):
+    """subprocess.run of `command` under --timeout, cut short at --max_seconds; None (and `what` noted as not
+    run) if it did not start because the longest earlier run does not fit, or the limit stopped it."""
+    if not limit.fits("run"):
+        limit.skip(f"{what}: not started")
+        return None
+    cut = limit.left() < a.timeout
+    try:
+        with limit.timing("run"):
+            return subprocess.run(command, capture_output=True, text=True, timeout=min(a.timeout, limit.left()))
+    except subprocess.TimeoutExpired:
+        if not cut:
+            raise                                       # its own --timeout: a hang
+        limit.skip(f"{what}: stopped at the limit")
+        return None
+
+
+def run_policy(a, limit, policy, out):
     from pydtnn.parallel.runtime.mpirun import mpi_command
     history = out / f"{policy}.json"
     args = ["--model", a.model, "--dataset", "cifar10", "--use_synthetic_data", "true", "--parallel", "data",
@@ -43,8 +63,9 @@ def run_policy(a, policy, out):
             "--history_file", history]
     nprocs = len(a.devices.split(","))
     t0 = time.perf_counter()
-    r = subprocess.run(mpi_command(nprocs, LAUNCHER, [str(v) for v in args]), capture_output=True, text=True,
-                       timeout=a.timeout)
+    r = run_within(a, limit, policy, mpi_command(nprocs, LAUNCHER, [str(v) for v in args]))
+    if r is None:
+        return True                                     # stopped at the limit: not a failure
     (out / f"{policy}.log").write_text(r.stdout + r.stderr)
     if r.returncode:
         print(f"{policy}: FAIL, the run exited with {r.returncode}:\n{r.stderr[-3000:]}")
@@ -103,7 +124,11 @@ def main(argv=None):
     p.add_argument("--global_batch_size", type=int, default=256)
     p.add_argument("--steps", type=int, default=20, help="steps per epoch")
     p.add_argument("--policies", default="fpm,probe,dynamic")
-    p.add_argument("--timeout", type=int, default=400, help="seconds per run")
+    p.add_argument("--timeout", type=int, default=400, help="seconds per run (a run past it has hung: a failure)")
+    p.add_argument("--max_seconds", type=float, default=None,
+                   help="end within this many seconds: a run starts only if the longest earlier one fits, and one "
+                        "still going at the limit is stopped; what was not run is one 'STOPPED:' line at the end "
+                        "(default: no limit)")
     p.add_argument("--out", default="out/fpm_device")
     p.add_argument("--unwarmed", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -113,15 +138,19 @@ def main(argv=None):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    ok = all([run_policy(a, policy, out) for policy in a.policies.split(",")])
-    r = subprocess.run([sys.executable, __file__, "--unwarmed", "--model", a.model], capture_output=True, text=True,
-                       timeout=a.timeout)
-    if r.returncode == 0:
+    limit = TimeLimit(a.max_seconds)
+    ok = all([run_policy(a, limit, policy, out) for policy in a.policies.split(",")])
+    r = run_within(a, limit, "unwarmed re-split", [sys.executable, __file__, "--unwarmed", "--model", a.model])
+    if r is None:
+        pass
+    elif r.returncode == 0:
         warm, first, second = json.loads(r.stdout.strip().splitlines()[-1])
         print(f"unwarmed re-split: a step at b = 200 (warmed) {warm * 1e3:.1f} ms; the first at b = 203 "
               f"{first * 1e3:.1f} ms, the second {second * 1e3:.1f} ms: {(first - second) * 1e3:.1f} ms extra")
     else:
         print(f"unwarmed re-split: not measured ({r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode})")
+    if limit.stopped_line():
+        print(limit.stopped_line())
     return 0 if ok else 1
 
 

@@ -33,7 +33,7 @@ from pydtnn.parallel.runtime import mpirun  # noqa: E402
 LAUNCHER = str(REPO / "scripts" / "pydtnn_benchmark.py")
 FULL_DISK = str(REPO / "tests" / "mpi_scripts" / "full_disk.py")
 AT_STEP = str(REPO / "tests" / "mpi_scripts" / "signal_at_step.py")
-TIMEOUT_S = 240
+HANG_AFTER_S = 240
 # 256 samples in 8 steps of 32 per epoch; under MPI the same global batch
 BASE = ["--model", "simplecnn", "--synthetic_samples", "256", "--progress_bar", "false", "--seed", "3",
         "--lr_schedulers", "", "--num_epochs", "3"]
@@ -77,9 +77,9 @@ def _communicate(cmd, folder, env, stdin_signal=None):
                 if line.startswith(when):
                     proc.send_signal(signum)
                     break
-            out, err = proc.communicate(timeout=TIMEOUT_S)
+            out, err = proc.communicate(timeout=HANG_AFTER_S)
             return proc.returncode, "".join(lines) + out, err
-        out, err = proc.communicate(timeout=TIMEOUT_S)
+        out, err = proc.communicate(timeout=HANG_AFTER_S)
         return proc.returncode, out, err
     except subprocess.TimeoutExpired:
         raise Hang() from None
@@ -192,7 +192,7 @@ def run_case(case):
     try:
         status, out, err = case.run(folder)
     except Hang:
-        return case, False, f"HANG: no end within {TIMEOUT_S} s", time.monotonic() - t0
+        return case, False, f"HANG: no end within {HANG_AFTER_S} s", time.monotonic() - t0
     ok, what = case.check(folder, status, out, err)
     return case, ok, what, time.monotonic() - t0
 

@@ -108,3 +108,30 @@ def test_the_python_api_example_runs(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Total parameters" in r.stdout, r.stdout
+
+
+# the words of how one particular machine was obtained and run (grep -rniwE of issue 45: whole words, any case)
+MACHINE_WORDS = re.compile(r"(?<!\w)(sessions?|workplace|lent|lend|lending|timeout_s|gpu_data)(?!\w)", re.I)
+
+
+def test_the_repository_speaks_to_its_users_not_of_a_machine_it_was_run_on():
+    """`grep -rniwE "sessions?|workplace|lent|lend|lending|timeout_s|gpu_data" README.md docs scripts pydtnn`
+    finds nothing in the tracked files: the docs, scripts and docstrings speak to whoever runs them, and a time
+    limit or a folder of wheels is a knob, not a story of how a device was obtained."""
+    assert MACHINE_WORDS.search("one device Session") and MACHINE_WORDS.search("x = TIMEOUT_S")
+    assert not MACHINE_WORDS.search("pytest_sessionstart, lentil, relentless, .gpu_database")
+    roots = ["README.md", "docs", "scripts", "pydtnn"]
+    files = subprocess.run(["git", "ls-files", *roots], cwd=REPO, capture_output=True, text=True).stdout.split()
+    if not files:                                   # not a git checkout (an sdist): walk the tree instead
+        files = ["README.md"] + [os.path.relpath(os.path.join(d, f), REPO) for root in roots[1:]
+                                 for d, _, fs in os.walk(os.path.join(REPO, root)) for f in fs
+                                 if "__pycache__" not in d]
+    hits = []
+    for name in files:
+        path = os.path.join(REPO, name)
+        if name.endswith((".gz", ".png", ".npz")) or os.path.islink(path) or not os.path.isfile(path):
+            continue
+        for number, line in enumerate(open(path, errors="replace"), 1):
+            if MACHINE_WORDS.search(line):
+                hits.append(f"{name}:{number}: {line.strip()[:120]}")
+    assert len(files) > 100 and not hits, hits
