@@ -32,6 +32,7 @@ Kernel conventions
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -172,11 +173,18 @@ class Backend:
 
     # --- graphs: a call captured once, replayed with one launch (`pydtnn.backends.gpu.graphs`) ---------------
     graphs = False                         # whether `capture` can
+    capturing = False                      # True while `capture` records: a check that reads the device skips
 
     def capture(self, fn, inputs):
         """`fn(*inputs)` captured: `.replay(inputs)` runs it again on new inputs of the same shapes and returns
-        its outputs. CaptureFailed (the reason) where it cannot be; here always."""
+        its outputs. CaptureFailed (the reason) where it cannot be; here always. Run `fn` eagerly inside
+        `capture_warmup()` just before: what it creates on first use then exists before the capture."""
         raise CaptureFailed(f"the {self.name} backend has no graphs")
+
+    def capture_warmup(self):
+        """A context for a call's last eager run before its capture, which it runs as the capture will (a GPU's:
+        on the stream captures use); here nothing changes."""
+        return contextlib.nullcontext()
 
     def to_internal(self, x_nchw):         # 4-D user NCHW -> internal layout (may be a view)
         raise NotImplementedError
@@ -403,7 +411,7 @@ class Backend:
         classes = xp.arange(out.shape[0])
         for start in range(0, len(ids), chunk):
             one_hot = (ids[start:start + chunk, None] == classes[None, :]).astype(out.dtype)
-            out += one_hot.T @ rows[start:start + chunk]
+            out += self.matmul(one_hot.T, rows[start:start + chunk])
         return out
 
     # --- batch normalization (per channel; statistics over every other axis) -------------------------

@@ -6,6 +6,9 @@ floats (an `Input(shape=(T,))` of the model's float type casts the ids to it): c
 that is not an integer (2.5, NaN) is one line. Float ids are exact only up to 2**24 (float32), so a larger
 table needs int64 ids. Ids have no gradient; the table's is a scatter-add of the incoming gradient rows
 (`backend.scatter_add_rows`).
+
+An id outside the table is one line (`check_ids`): forward reads the ids' range, except inside a CUDA graph's
+capture, which cannot read the device; training with graphs checks each batch's ids on the host instead.
 """
 import numpy as np
 
@@ -39,25 +42,41 @@ class Embedding(Layer):
         elif x.dtype.kind not in "iu":
             raise self.shape_error(f"expects integer token ids, got {x.dtype} (declare "
                                    f"Input(shape=(T,), dtype='int64'))")
-        lo, hi = int(x.min()), int(x.max())
-        if lo < 0 or hi >= self.num_embeddings:
-            raise DatasetError(f"layer {self.name} (Embedding): token id {lo if lo < 0 else hi} is outside "
-                               f"[0, {self.num_embeddings})")
+        if not self.backend.capturing:      # a check reads the ids to the host, which a CUDA graph cannot hold
+            self.check_ids(x)
         self.ids = x
         return self.xp.take(self.weights, x, axis=0)
 
+    def check_ids(self, ids):
+        """Ids (the host's or the device's) this table has rows for, or one line (DatasetError). Forward checks
+        them, except while a CUDA graph captures it: where steps replay graphs, the training loop checks each
+        batch's ids on the host before they go to the device (`pydtnn.training.step`)."""
+        if ids.size == 0:
+            return
+        if ids.dtype.kind == "f":
+            self._check_integers(ids)
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.num_embeddings:
+            raise DatasetError(f"layer {self.name} (Embedding): token id {lo if lo < 0 else hi} is outside "
+                               f"[0, {self.num_embeddings})")
+
     def _float_ids(self, x):
-        """Integer-valued float ids as int64; one line for a value that is no integer, or a table whose ids
-        this float type cannot hold exactly."""
+        """Integer-valued float ids as int64; one line for a table whose ids this float type cannot hold
+        exactly (a value that is no integer: `check_ids`)."""
         exact = 2 ** (np.finfo(x.dtype).nmant + 1)
         if self.num_embeddings > exact:
             raise self.shape_error(f"{x.dtype} ids are exact only up to {exact}, and the table has "
                                    f"{self.num_embeddings} rows: declare Input(shape=(T,), dtype='int64')")
-        bad = self.xp.logical_not(self.xp.isfinite(x) & (x == self.xp.floor(x)))
+        if not self.backend.capturing:
+            self._check_integers(x)
+        return x.astype(self.xp.int64)
+
+    def _check_integers(self, x):
+        xp = np if isinstance(x, np.ndarray) else self.xp
+        bad = xp.logical_not(xp.isfinite(x) & (x == xp.floor(x)))
         if bool(bad.any()):
             value = float(x[bad].reshape(-1)[0])
             raise DatasetError(f"layer {self.name} (Embedding): token ids must be integers, got {value!r}")
-        return x.astype(self.xp.int64)
 
     def backward(self, dy):
         self.dw[...] = 0

@@ -55,12 +55,12 @@ class Upsample2D(Layer):
             return xp.repeat(xp.repeat(x, sh, axis=h_axis), sw, axis=h_axis + 1)
         if nhwc:                                   # (N, H, W, C): W*C contiguous rows, then W by broadcasting
             n, h, w, c = x.shape
-            y = xp.matmul(self.ah, x.reshape(n, h, w * c)).reshape(n, h * sh, w, c)
-            return xp.matmul(self.aw, y)
-        return xp.matmul(xp.matmul(self.ah, x), self.aw.T)     # (N, C, H, W)
+            y = self.backend.matmul(self.ah, x.reshape(n, h, w * c)).reshape(n, h * sh, w, c)
+            return self.backend.matmul(self.aw, y)
+        return self.backend.matmul(self.backend.matmul(self.ah, x), self.aw.T)     # (N, C, H, W)
 
     def backward(self, dy):
-        xp, (sh, sw) = self.xp, self.scale
+        sh, sw = self.scale
         nhwc = self.channel_axis == 3
         if self.mode == "nearest":
             if nhwc:
@@ -70,7 +70,7 @@ class Upsample2D(Layer):
             return dy.reshape(n, c, ho // sh, sh, wo // sw, sw).sum(axis=(3, 5))
         if nhwc:
             n, ho, wo, c = dy.shape
-            g = xp.matmul(self.aw.T, dy)                                       # (N, Ho, W, C)
+            g = self.backend.matmul(self.aw.T, dy)                             # (N, Ho, W, C)
             w = g.shape[2]
-            return xp.matmul(self.ah.T, g.reshape(n, ho, w * c)).reshape(n, ho // sh, w, c)
-        return xp.matmul(xp.matmul(self.ah.T, dy), self.aw)
+            return self.backend.matmul(self.ah.T, g.reshape(n, ho, w * c)).reshape(n, ho // sh, w, c)
+        return self.backend.matmul(self.backend.matmul(self.ah.T, dy), self.aw)

@@ -4,9 +4,11 @@ so the host queues one launch per step instead of a kernel per operation (about 
 A graph replays what it captured, on the same memory with the same kernel arguments (`pydtnn.backends.gpu.
 graphs`). So:
 - it is captured for one shape of the batch and one loss weight, the constants of a step, after `WARMUP` eager
-  steps of that shape (cuDNN's plans built and tuned, its workspace grown, every layer's buffers allocated);
-  other shapes (an epoch's shorter last batch) run eagerly. One graph at a time: each keeps a step's
-  activations;
+  steps of that shape (cuDNN's plans built and tuned, its workspace grown, every layer's buffers allocated),
+  the last of them run as the capture will, on the backend's capture stream (`Backend.capture_warmup`: so,
+  as in PyTorch, what the libraries keep per stream and the kernels loaded on first use exist before the
+  capture); other shapes (an epoch's shorter last batch) run eagerly. One graph at a time: each keeps a
+  step's activations;
 - the parameters, gradients and running statistics it writes must stay where they are: when any has moved
   (weights loaded into new arrays), the graph is dropped and captured again after the warm-up;
 - the optimizer's update, the reduction and the step's numbers run after the graph, as before (the learning
@@ -79,8 +81,11 @@ class StepGraphs:
                 return eager()
             return self._replay(self.call, x, y, sync)
         self.seen[key] += 1
-        if self.seen[key] <= WARMUP:
+        if self.seen[key] < WARMUP:
             return eager()
+        if self.seen[key] == WARMUP:                # the last one runs as the capture will (its stream)
+            with backend.capture_warmup():
+                return eager()
         loss, model = self.loss, self.model
         try:
             call = backend.capture(lambda xs, ys: model.compute_gradients(xs, ys, loss, loss_scale=weight), (x, y))

@@ -33,6 +33,10 @@ class TrainerStep:
         self.nclasses = model.output_shape[-1]        # classes of (N, K) or per-position (N, T, K) outputs
         self.inputs = model.backend.input_pipeline()
         self.prefetcher = BatchPrefetcher(self.take)
+        # where steps replay a CUDA graph, which checks nothing, the ids a table right after the input looks up
+        # are checked on the host (elsewhere its forward does)
+        first = model.layers[1] if len(model.layers) > 1 and dp.graphs is not None else None
+        self.check_ids = getattr(first, "check_ids", None)
 
     # --- this rank's batch ------------------------------------------------------------------------------
     def take(self, indices, epoch):
@@ -41,6 +45,8 @@ class TrainerStep:
         with self.span("prefetch" if background else "take batch", "data", tid=PREFETCH if background else 0,
                        samples=len(indices)):
             x, labels = self.dataset.train.take(indices, epoch=epoch)
+            if self.check_ids is not None:
+                self.check_ids(x)
             return self.inputs.put(x, labels_or_targets(labels, self.nclasses, self.model.dtype))
 
     def targets(self, y):

@@ -452,11 +452,12 @@ def test_glue_precision_reaches_cudnn(standin):
     _conv_round(_backend(dtype="float32", precision="tf32", conv_impl="frontend"))
     assert not [c for c in fake_cudnn.FRONTEND_CALLS if c[0] == "deselect_numeric_notes"]
     fake_cudnn.LEGACY_CALLS.clear()
+    from gpu_standin import fake_cublas
+    fake_cublas.CALLS.clear()
     _conv_round(_backend(dtype="float32", precision="fp32", conv_impl="legacy", auto_conv_alg=False))
     runs = [c for c in fake_cudnn.LEGACY_CALLS if c[0].startswith("cudnnConvolution")]
     assert len(runs) == 3 and all(math == 3 for _, math, _ in runs)       # CUDNN_FMA_MATH: no TF32
-    from gpu_standin import fake_cupy
-    assert ("set_compute_type", "float32", 0) in fake_cupy.CALLS
+    assert ("cublasSetMathMode", 0) in fake_cublas.CALLS                  # CUBLAS_DEFAULT_MATH: no TF32
 
 
 # ============================================================================= random numbers

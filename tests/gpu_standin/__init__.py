@@ -4,10 +4,11 @@ source compiled as C++ on the host, and cuDNN / NCCL stand-ins that check every 
 compute with the CPU backend. Passing tests here say the glue is right; they say nothing about NVIDIA's
 libraries or the hardware (GPU verification means a run on a GPU: scripts/gpu_check.sh).
 
-Modelled: device arrays (device_memory), kernels (host_kernels), cuDNN (fake_cudnn), NCCL (fake_nccl), what
-a step costs (counters: launches, allocations, synchronizations, transfers), and CUDA graphs (graphs: the
-thread-local current stream, stream capture that records instead of running and poisons fresh results,
-replay by `Graph.launch`, what a capture refuses, private memory pools and `using_allocator`).
+Modelled: device arrays (device_memory), kernels (host_kernels), cuDNN (fake_cudnn), cuBLAS as the backend
+calls it (fake_cublas; CuPy's own products are fake_cupy's), NCCL (fake_nccl), what a step costs (counters:
+launches, allocations, synchronizations, transfers), and CUDA graphs (graphs: the thread-local current
+stream, stream capture that records instead of running and poisons fresh results, replay by `Graph.launch`,
+what a capture refuses, private memory pools and `using_allocator`).
 
     with gpu_standin.active():            # sys.modules["cupy"], ["cudnn"], ... are the stand-ins
         be = GPUBackend(dtype="float64")
@@ -21,24 +22,27 @@ import contextlib
 import os
 import sys
 
-from . import fake_cudnn, fake_cupy, graphs
+from . import fake_cublas, fake_cudnn, fake_cupy, graphs
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
-_NAMES = ("cupyx", "cupy", "cupy.cuda", "cupy.cuda.runtime", "cupy.cuda.nccl", "cupy.cuda.graph", "cupy._core",
-          "cupy._core._routines_linalg", "cudnn")
+_NAMES = ("cupyx", "cupy", "cupy.cuda", "cupy.cuda.runtime", "cupy.cuda.nccl", "cupy.cuda.graph", "cudnn")
 
 
 def _install():
-    """Put the stand-ins in sys.modules and the legacy cuDNN stand-in behind load_libcudnn; returns
-    what to restore."""
+    """Put the stand-ins in sys.modules, the legacy cuDNN stand-in behind load_libcudnn and the cuBLAS one
+    behind load_libcublas; returns what to restore."""
+    import pydtnn.backends.gpu.cublas_library as cublas_glue
     import pydtnn.backends.gpu.cudnn.library as cudnn_glue
     saved = {name: sys.modules.get(name, _MISSING) for name in _NAMES}
     saved["load_libcudnn"] = cudnn_glue.load_libcudnn
+    saved["load_libcublas"] = cublas_glue.load_libcublas
     modules = fake_cupy.build_modules()
     modules["cudnn"] = fake_cudnn.build_frontend_module()
     sys.modules.update(modules)
     legacy = fake_cudnn.LegacyLibrary()
     cudnn_glue.load_libcudnn = lambda: legacy
+    cublas = fake_cublas.Library()
+    cublas_glue.load_libcublas = lambda: cublas
     return saved
 
 
@@ -46,8 +50,10 @@ _MISSING = object()
 
 
 def _restore(saved):
+    import pydtnn.backends.gpu.cublas_library as cublas_glue
     import pydtnn.backends.gpu.cudnn.library as cudnn_glue
     cudnn_glue.load_libcudnn = saved.pop("load_libcudnn")
+    cublas_glue.load_libcublas = saved.pop("load_libcublas")
     for name, mod in saved.items():
         if mod is _MISSING:
             sys.modules.pop(name, None)

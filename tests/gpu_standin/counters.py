@@ -6,15 +6,19 @@ host until the device drains, and a pageable host-to-device copy blocks the thre
 counts are deterministic (they do not depend on the values computed), so tests can pin them.
 
 Kinds counted (`Counts.n`):
-- "launch": a kernel of ours: a RawModule kernel, or a CuPy array operation that writes device memory (a
-  ufunc, a reduction, a copy, a fill, an indexed assignment...; a view is free);
-- "cudnn", "cublas": NVIDIA's kernels (convolutions; matrix products);
+- "launch": a kernel of ours, one launch each: a RawModule kernel, or a CuPy array operation that writes
+  device memory (a ufunc, a reduction, a copy, a fill, an indexed assignment...; a view is free);
+- "cudnn", "cublas": a call into NVIDIA's libraries (a convolution; a matrix product), each launching kernels
+  of its own that the stand-in does not see (one call may be several kernels on a device); "library" counts
+  them together (`LIBRARY_KINDS`), so a step's launches read "ours" ("launch") and "library" apart;
 - "alloc": a device allocation (an array with fresh memory; views are free);
-- "sync": an explicit synchronization that drains the device (device, stream, or an event with nothing
-  queued after it); "sync_queued": a wait for an event that later kernels are queued behind (the device keeps
-  working through it: the lagged read of a step's numbers, `pydtnn.parallel.lagged_step`);
-- "d2h": a blocking device-to-host read (`get()` without a stream, `float()`, `int()`, `bool()`, `item()`...);
-  "d2h_async": `get(stream=..., out=pinned)`;
+- "sync": a synchronization that drains the device or a stream (device, stream, an event with nothing queued
+  after it, and every blocking read: CuPy's `get(blocking=True)`, its default, ends with
+  `stream.synchronize()`); "sync_queued": a wait for an event that later kernels are queued behind (the device
+  keeps working through it: the lagged read of a step's numbers, `pydtnn.parallel.lagged_step`);
+- "d2h": a device-to-host read the host waits for (`get()`, `float()`, `int()`, `bool()`, `item()`, repr...,
+  and a copy into pageable memory even with blocking=False); "d2h_async": `get(stream=..., out=pinned,
+  blocking=False)`, queued on the stream, the host going on;
 - "h2d_pageable" (and "h2d_pageable_main" when on the main thread): a copy from ordinary host memory, which
   blocks the thread; "h2d_pinned": `set(pinned, stream=...)`, asynchronous on that stream.
 - "captured": work recorded into a CUDA graph during a stream capture instead of running (name
@@ -33,6 +37,7 @@ import threading
 from collections import Counter
 
 KERNEL_KINDS = ("launch", "cudnn", "cublas", "graph_launch")
+LIBRARY_KINDS = ("cudnn", "cublas")     # calls into NVIDIA's libraries (each also counted as "library")
 # execute=False: kernels and cuDNN calls are checked and counted but not computed (their outputs keep
 # whatever memory held), so counting a large model's step costs no compute; CuPy operations still compute.
 # A graph's replay follows the setting at replay time, node by node, the same way.
@@ -48,14 +53,15 @@ class Counts:
         self._phase_thread = None
 
     def record(self, kind: str, name: str = "") -> None:
-        self.n[kind] += 1
+        kinds = (kind, "library") if kind in LIBRARY_KINDS else (kind,)
+        self.n.update(kinds)
         main = on_main_thread()
         if kind in ("sync", "sync_queued", "d2h") and main:
             self.n[kind + "_main"] += 1
         if kind in KERNEL_KINDS:
             self.kernels.append(f"{kind}:{name}")
         if self._phase is not None and threading.get_ident() == self._phase_thread:
-            self.phases[self._phase][kind] += 1
+            self.phases[self._phase].update(kinds)
 
 
 ACTIVE = Counts()

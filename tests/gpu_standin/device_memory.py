@@ -11,29 +11,45 @@
   included) raise TypeError, as CuPy's `Unsupported type <class 'numpy.ndarray'>`;
 - refuses assignment from a host array (`d[...] = host` is a ValueError in CuPy: it takes scalars and
   device arrays only); host integer arrays as INDICES are accepted, as CuPy converts them (not in a capture);
-- registers every allocation, so a raw device pointer handed to the cuDNN or NCCL stand-in can be turned
-  back into the memory it points into, with bounds checked (`find`).
+- registers every allocation, so a raw device pointer handed to the cuDNN, cuBLAS or NCCL stand-in can be
+  turned back into the memory it points into, with bounds checked (`find`);
+- holds its allocation as CuPy's arrays hold their memory: every array of one allocation (views included)
+  keeps its `memory_pools.Block` held; when the last goes the block is freed to its pool, whoever else (a
+  graph's node) still refers to the NumPy memory;
+- copies to and from the host as `cupy.ndarray.get` / `set` do: `get(stream, out, blocking=True)` queues the
+  copy on `stream` (None: the current one) and, when blocking, synchronizes that stream (a "sync"); a copy
+  into pageable memory makes the host wait for it whatever `blocking` says (a "d2h", as CUDA returns from it
+  only once done); each refused on a capturing stream by CuPy's guard (`graphs.refuse_transfer`).
 Every operation that writes device memory goes through `graphs` (`launch` for in-place ones, `fresh` for
 fresh results), which runs it now or records it into a stream capture; every allocation through
-`graphs.allocated` (the pool that serves it); every wait or blocking copy through `graphs.forbid`.
+`memory_pools.allocated` (the pool that serves it); every wait through `graphs` as well.
 """
 from __future__ import annotations
 
+import functools
 import operator
 import weakref
 
 import numpy as np
 
-from . import counters, graphs
+from . import counters, graphs, memory_pools
 
 _ROOTS: dict[int, weakref.ref] = {}       # id -> a live NumPy array that owns a device allocation
 
 
 class MemoryPointer:
-    """What `cupy.ndarray.data` is: here only `.ptr`, the address of the first element."""
+    """What `cupy.ndarray.data` is: here only `.ptr`, the address of the first element (and, from
+    `MemoryPool.malloc`, the memory it holds)."""
 
     def __init__(self, ptr: int):
         self.ptr = int(ptr)
+
+
+def pointer_to_new(a: np.ndarray, pool) -> MemoryPointer:
+    """`MemoryPool.malloc`'s result: a pointer to fresh memory `a` that holds it, as CuPy's does."""
+    ptr = MemoryPointer(_address(a))
+    ptr.mem, ptr.holder = a, _register(a, pool)
+    return ptr
 
 
 def _address(a: np.ndarray) -> int:
@@ -44,14 +60,31 @@ def _is_host(a) -> bool:
     return isinstance(a, np.ndarray)
 
 
-def _register(a: np.ndarray) -> None:
-    root = a
-    while isinstance(root.base, np.ndarray):
-        root = root.base
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _register(a: np.ndarray, pool=memory_pools.UNTRACKED):
+    """Device memory `a` (or a view of it) known to `find`; returns what holds its allocation (`pool`: the
+    one that served it, for a fresh allocation)."""
+    root = _root(a)
     key = id(root)
-    ref = _ROOTS.get(key)
-    if ref is None or ref() is not root:
-        _ROOTS[key] = weakref.ref(root, lambda _r, key=key: _ROOTS.pop(key, None))
+    entry = _ROOTS.get(key)
+    if entry is None or entry[0]() is not root:
+        gone = weakref.ref(root, lambda _r, key=key: _ROOTS.pop(key, None))
+        entry = _ROOTS[key] = (gone, memory_pools.Block(pool, root))
+    return entry[1].hold()
+
+
+def block_of(a: np.ndarray):
+    """The `memory_pools.Block` of the device allocation `a` is (or views); None: not device memory."""
+    if not isinstance(a, np.ndarray):
+        return None
+    root = _root(a)
+    entry = _ROOTS.get(id(root))
+    return entry[1] if entry is not None and entry[0]() is root else None
 
 
 def to_base(a):
@@ -94,18 +127,44 @@ def _operand(what, v):
     return unwrap_nested(v)
 
 
+def _wrapped(a, key):
+    """Integer index arrays taken modulo their axis: CuPy wraps out-of-bounds indices where NumPy raises
+    IndexError (CuPy's documentation, "Differences between CuPy and NumPy: Out-of-bounds indices";
+    cupy/_core/_routines_indexing.pyx), so a missing bounds check gives wrong numbers, as on a device."""
+    keys = key if isinstance(key, tuple) else (key,)
+    if any(k is Ellipsis or k is None for k in keys):
+        return key
+    out = tuple(k % a.shape[i] if isinstance(k, np.ndarray) and k.ndim and k.dtype.kind in "iu" and i < a.ndim
+                else k for i, k in enumerate(keys))
+    return out if isinstance(key, tuple) else out[0]
+
+
 def _index(key, reads=False):
-    """Indices: device arrays unwrapped; host index arrays accepted (CuPy copies them to the device: a
-    pageable copy, refused by a capture). `reads`: a boolean mask selects a count known only on the device."""
+    """Indices: device arrays unwrapped; host index arrays accepted (CuPy copies them to the device with
+    `cupy.array`: refused on a capturing stream). `reads`: a boolean mask selects a count read back from the
+    device."""
     if isinstance(key, tuple):
         return tuple(_index(k, reads) for k in key)
     if isinstance(key, DeviceArray):
         if reads and key.dtype == np.bool_:
-            graphs.forbid("boolean-mask indexing: a result shaped by device values (read back to the host)")
+            read_back("boolean-mask indexing: a result shaped by device values")
         return key._a
-    if isinstance(key, (np.ndarray, list)):
-        graphs.forbid("a host index array (copied to the device: a pageable host-to-device copy)")
+    if isinstance(key, (np.ndarray, list)) and np.ndim(key):
+        graphs.refuse_transfer("H2D")
     return key
+
+
+def read_back(what, stream=None) -> None:
+    """A blocking read of device memory by the host (`get()` with CuPy's default blocking=True): refused on a
+    capturing stream, else a copy the host waits for and a synchronization of `stream` (None: the current)."""
+    graphs.refuse_transfer("D2H", stream)
+    counters.record("d2h")
+    _synchronize(stream)
+
+
+def _synchronize(stream) -> None:
+    from .fake_cupy import get_current_stream   # (fake_cupy imports this module)
+    (stream or get_current_stream()).synchronize()
 
 
 # the ndarray methods a device array offers (results are device arrays)
@@ -119,7 +178,7 @@ _PROPERTIES = ("shape", "dtype", "ndim", "size", "nbytes", "itemsize", "strides"
 class DeviceArray:
     """A stand-in `cupy.ndarray` (see the module docstring)."""
 
-    __slots__ = ("_a", "__weakref__")
+    __slots__ = ("_a", "_holds", "__weakref__")
     __hash__ = None
 
     @classmethod
@@ -127,16 +186,16 @@ class DeviceArray:
         """Wrap memory that is device memory already (a fresh copy, or a view of device memory)."""
         self = object.__new__(cls)
         self._a = a
-        _register(a)
         if a.base is None:
-            graphs.allocated(a)
+            self._holds = _register(a, memory_pools.allocated(a))
             counters.record("alloc")
+        else:
+            self._holds = _register(a)
         return self
 
     def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
         self._a = np.empty(shape, dtype=dtype, order=order)
-        _register(self._a)
-        graphs.allocated(self._a)
+        self._holds = _register(self._a, memory_pools.allocated(self._a))
         counters.record("alloc")
 
     # --- what NumPy must not do implicitly ---------------------------------------------------------
@@ -151,10 +210,10 @@ class DeviceArray:
         inputs = tuple(unwrap_nested(a) for a in inputs)
         if out:
             kwargs["out"] = tuple(unwrap_nested(a) for a in out)
-        kind = "cublas" if ufunc.__name__ == "matmul" else "launch"
+        kind = _cublas(ufunc.__name__, inputs) if ufunc.__name__ == "matmul" else "launch"
         compute = lambda: getattr(ufunc, method)(*inputs, **kwargs)      # noqa: E731
         if out or method == "at":                   # writes memory it is given
-            graphs.launch(kind, ufunc.__name__, compute)
+            graphs.launch(kind, ufunc.__name__, compute, uses=_leaves_of((inputs, kwargs)))
             return (out[0] if len(out) == 1 else out) if out else None
         return wrap(graphs.fresh(kind, ufunc.__name__, compute, (inputs, kwargs)))
 
@@ -163,13 +222,22 @@ class DeviceArray:
         return device_call(func.__name__, func, args, kwargs)
 
     # --- CuPy's host transfers ---------------------------------------------------------------------
-    def get(self, stream=None, order="C", out=None):
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        """`cupy.ndarray.get`: a copy queued on `stream` (None: the current one); the host waits for it when
+        `blocking` (CuPy then synchronizes the stream) or when `out` is pageable (CUDA returns only once a copy
+        into pageable memory is done)."""
         src = self._a
-        if stream is not None and out is not None and counters.is_pinned(out):    # asynchronous on `stream`
-            graphs.launch("d2h_async", "get", lambda: _copy_into(out, src, order), stream, strict=False)
+        if out is not None and out.dtype != src.dtype:
+            raise TypeError(f"{out.dtype} array cannot be obtained from {src.dtype} array")
+        if out is not None and out.shape != src.shape:
+            raise ValueError(f"Shape mismatch. Expected shape: {src.shape}, actual shape: {out.shape}")
+        graphs.refuse_transfer("D2H", stream)
+        if out is not None and counters.is_pinned(out) and not blocking:     # truly asynchronous on `stream`
+            graphs.launch("d2h_async", "get", lambda: _copy_into(out, src), stream, strict=False, uses=(src,))
             return out
-        graphs.forbid("a blocking device-to-host copy (get)", stream)
         counters.record("d2h")
+        if blocking:
+            _synchronize(stream)
         host = np.array(src, copy=True, order=order)
         if out is not None:
             out[...] = host
@@ -182,14 +250,16 @@ class DeviceArray:
         if arr.shape != self._a.shape or arr.dtype != self._a.dtype:
             raise ValueError(f"set: shape/dtype mismatch {arr.shape} {arr.dtype} vs {self._a.shape} {self._a.dtype}")
         dst = self._a
+        graphs.refuse_transfer("H2D", stream)
         if stream is not None and counters.is_pinned(arr):      # asynchronous on `stream`: reads `arr` then
-            graphs.launch("h2d_pinned", "set", lambda: _copy_into(dst, arr), stream, strict=False)
+            graphs.launch("h2d_pinned", "set", lambda: _copy_into(dst, arr), stream, strict=False, uses=(dst,))
             return
         count_h2d(arr, stream)
         dst[...] = arr
 
     @property
     def data(self):
+        graphs.note_uses((self._a,), "a device pointer (cupy.ndarray.data)")
         return MemoryPointer(_address(self._a))
 
     @property
@@ -204,17 +274,18 @@ class DeviceArray:
         if isinstance(value, np.ndarray) and value.ndim:
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
         a, value = self._a, to_base(value)
-        graphs.launch("launch", "fill", lambda: a.fill(value))
+        graphs.launch("launch", "fill", lambda: a.fill(value), uses=(a, value))
 
     def __getattr__(self, name):
         if name in _PROPERTIES:
             return getattr(self._a, name)
         if name in _HOST_METHODS:
-            graphs.forbid(f"a copy to the host (cupy.ndarray.{name})")
-            counters.record("d2h")
+            read_back(f"a copy to the host (cupy.ndarray.{name})")
             return getattr(self._a, name)
         if name in _METHODS:
             method = getattr(self._a, name)
+            if name == "take":              # CuPy's take wraps out-of-bounds indices, as its indexing does
+                method = functools.partial(method, mode="wrap")
 
             def device_method(*args, **kwargs):
                 refuse_host(f"cupy.ndarray.{name}", args + tuple(kwargs.values()))
@@ -226,8 +297,9 @@ class DeviceArray:
     # --- indexing ----------------------------------------------------------------------------------
     def __getitem__(self, key):
         a, k = self._a, _index(key, reads=True)
-        # basic indexing is a view; advanced indexing gathers into fresh memory (a kernel when captured)
-        return wrap(graphs.fresh("launch", "getitem", lambda: a[k], (a, k), launches=lambda r: False))
+        # basic indexing is a view; advanced indexing gathers into fresh memory (a kernel when captured), its
+        # indices read (and wrapped) from device memory when it runs
+        return wrap(graphs.fresh("launch", "getitem", lambda: a[_wrapped(a, k)], (a, k), launches=lambda r: False))
 
     def __setitem__(self, key, value):
         if isinstance(value, np.ndarray) and value.ndim:
@@ -236,7 +308,7 @@ class DeviceArray:
         if isinstance(value, (list, tuple)):
             raise TypeError("assigning a Python sequence to device memory: CuPy refuses it, use cupy.asarray first")
         a, k, v = self._a, _index(key), to_base(value)
-        graphs.launch("launch", "setitem", lambda: a.__setitem__(k, v))
+        graphs.launch("launch", "setitem", lambda: a.__setitem__(k, v), uses=(a, v, *_leaves_of(k)))
 
     def __len__(self):
         return len(self._a)
@@ -246,8 +318,7 @@ class DeviceArray:
 
     # --- conversions to host scalars (a synchronization in CuPy) -----------------------------------
     def _to_host(self, what):
-        graphs.forbid(f"a copy to the host ({what})")
-        counters.record("d2h")
+        read_back(f"a copy to the host ({what})")
         return self._a
 
     def __float__(self):
@@ -263,16 +334,13 @@ class DeviceArray:
         return bool(self._to_host("bool()"))
 
     def __repr__(self):
-        graphs.forbid("a copy to the host (repr)")
-        return repr(self._a)
+        return repr(self._to_host("repr"))
 
     def __str__(self):
-        graphs.forbid("a copy to the host (str)")
-        return str(self._a)
+        return str(self._to_host("str"))
 
     def __format__(self, spec):
-        graphs.forbid("a copy to the host (format)")
-        return format(self._a, spec)
+        return format(self._to_host("format"), spec)
 
     def __neg__(self):
         return _unary(self, "neg", lambda a: -a)
@@ -296,7 +364,8 @@ def _binary(op, name, reflected=False):
     def method(self, other):
         a, other = self._a, _operand(f"cupy.ndarray.{name}", other)
         compute = (lambda: op(other, a)) if reflected else (lambda: op(a, other))
-        return wrap(graphs.fresh("cublas" if "matmul" in name else "launch", name, compute, (a, other)))
+        kind = _cublas(name, (a, other)) if "matmul" in name else "launch"
+        return wrap(graphs.fresh(kind, name, compute, (a, other)))
     method.__name__ = name
     return method
 
@@ -304,7 +373,8 @@ def _binary(op, name, reflected=False):
 def _inplace(op, name):
     def method(self, other):
         a, other = self._a, _operand(f"cupy.ndarray.{name}", other)
-        graphs.launch("cublas" if "matmul" in name else "launch", name, lambda: op(a, other))
+        graphs.launch(_cublas(name, (a, other)) if "matmul" in name else "launch", name, lambda: op(a, other),
+                      uses=(a, other))
         return self
     method.__name__ = name
     return method
@@ -332,6 +402,13 @@ _IN_PLACE_METHODS = {"put", "sort"}
 _DATA_DEPENDENT = {"nonzero", "argwhere", "flatnonzero", "unique", "compress", "extract"}
 
 
+def _cublas(name, operands) -> str:
+    """The kind of a CuPy product: "cublas" where CuPy calls cuBLAS (refused in a capture, as CuPy does),
+    "launch" where it runs a kernel of its own (`fake_cupy.cublas_product`)."""
+    from .fake_cupy import cublas_product     # (fake_cupy imports this module)
+    return "cublas" if cublas_product(name, operands) else "launch"
+
+
 def device_call(name, fn, args, kwargs, this=None):
     """A NumPy function or ndarray method `fn` on device arrays (host arrays refused by the caller), run or
     captured through `graphs`; results as device arrays. `this`: the array a method is bound to."""
@@ -339,13 +416,13 @@ def device_call(name, fn, args, kwargs, this=None):
     in_place = name in (_IN_PLACE_FUNCTIONS if this is None else _IN_PLACE_METHODS)
     a, kw = unwrap_nested(args), {k: unwrap_nested(v) for k, v in kwargs.items()}
     if name in _DATA_DEPENDENT or (name == "where" and len(args) + len(kwargs) == 1):
-        graphs.forbid(f"cupy.{name}: a result shaped by device values (read back to the host)")
+        read_back(f"cupy.{name}: a result shaped by device values")
     compute = lambda: fn(*a, **kw)      # noqa: E731
-    kind = "cublas" if name in _CUBLAS else "launch"
+    kind = _cublas(name, (this, *a)) if name in _CUBLAS else "launch"
     if name in _NO_KERNEL:
         return wrap(compute())
     if out is not None or in_place:             # writes memory it is given
-        result = graphs.launch(kind, name, compute, count=out is not None)
+        result = graphs.launch(kind, name, compute, count=out is not None, uses=_leaves_of((this, a, kw)))
         return out if isinstance(out, DeviceArray) else wrap(result)
     return wrap(graphs.fresh(kind, name, compute, (this, a, kw), launches=lambda r: launches(name, r)))
 
@@ -360,20 +437,32 @@ def launches(name, result) -> bool:
 
 
 def count_h2d(host, stream=None) -> None:
-    """A blocking host-to-device copy from ordinary (pageable) memory (`set` queues pinned copies itself)."""
-    graphs.forbid("a pageable host-to-device copy", stream)
+    """A host-to-device copy from ordinary (pageable) memory, which blocks the thread (`set` queues pinned
+    copies itself); refused on a capturing stream."""
+    graphs.refuse_transfer("H2D", stream)
     counters.record("h2d_pageable")
     if counters.on_main_thread():
         counters.record("h2d_pageable_main")
 
 
-def _copy_into(dst, src, order="K"):
-    dst[...] = np.array(src, copy=True, order=order)
+def _copy_into(dst, src):
+    dst[...] = src
     return dst
 
 
+def _leaves_of(x) -> list:
+    """The NumPy arrays in x (nested in tuples, lists and dicts)."""
+    if isinstance(x, np.ndarray):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [leaf for v in x for leaf in _leaves_of(v)]
+    if isinstance(x, dict):
+        return [leaf for v in x.values() for leaf in _leaves_of(v)]
+    return []
+
+
 def live_roots():
-    for ref in list(_ROOTS.values()):
+    for ref, _block in list(_ROOTS.values()):
         a = ref()
         if a is not None:
             yield a
@@ -390,6 +479,7 @@ def find(ptr: int, nbytes: int, what: str) -> np.ndarray:
             if ptr + nbytes > start + size:
                 raise AssertionError(f"{what}: {nbytes} bytes from the pointer run {ptr + nbytes - start - size} "
                                      f"bytes past its device allocation of {size} bytes")
+            graphs.note_uses((base,), what)
             flat = base.reshape(-1).view(np.uint8)
             return flat[ptr - start:ptr - start + nbytes]
     raise AssertionError(f"{what}: pointer {ptr:#x} is not in any live device allocation of the stand-in")

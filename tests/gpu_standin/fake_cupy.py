@@ -1,14 +1,16 @@
 """The part of CuPy that PyDTNN's GPU backend and NCCL communicator use, standing in on the host.
 
 `build_modules()` returns {module name: module} for sys.modules: `cupy`, `cupy.cuda`, `cupy.cuda.runtime`,
-`cupy.cuda.nccl`, `cupy._core`, `cupy._core._routines_linalg`. Array functions are NumPy's, taking and
-returning `DeviceArray`s; creation functions copy host data (device memory never aliases a host array);
-every other function refuses host arrays as CuPy does. Deliberately absent: `cupy.random` (the backend
+`cupy.cuda.nccl`. Array functions are NumPy's, taking and
+returning `DeviceArray`s; creation functions copy host data (device memory never aliases a host array; a 0-d
+host value is a fill kernel, as in CuPy's `_array_default`); every other function refuses host arrays as CuPy
+does. Deliberately absent: `cupy.random` (the backend
 must not depend on it: its state cannot be checkpointed) and `ElementwiseKernel` (all kernels are
 RawModule source, which the stand-in compiles). The number of devices is $PYDTNN_STANDIN_DEVICES
 (default 1); device i has PCI bus id 0000:0i:00.0.
-Streams (thread-local current stream, `with stream:`), stream capture into `cupy.cuda.Graph`, memory pools
-and `cupy.cuda.using_allocator` are `graphs`' (see there what a capture refuses).
+Streams (thread-local current stream, `with stream:`), events and stream capture into `cupy.cuda.Graph`
+are `graphs`' (see there what a capture refuses and allows); memory pools and `cupy.cuda.using_allocator`
+are `memory_pools`'.
 """
 from __future__ import annotations
 
@@ -17,12 +19,12 @@ import types
 
 import numpy as np
 
-from . import counters, fake_nccl, graphs
+from . import counters, fake_nccl, graphs, memory_pools
 from .device_memory import DeviceArray, count_h2d, device_call, refuse_host, to_base, wrap
 from .host_kernels import RawModule
 
 VERSION = "14.2.0"          # the CuPy the device machine has; parallel/nccl.py reads the major
-CALLS: list[tuple] = []     # set_compute_type calls and synchronizations, for tests
+CALLS: list[tuple] = []     # synchronizations and event records, for tests
 
 
 def _device_count() -> int:
@@ -35,22 +37,28 @@ class _State:
 
 # ------------------------------------------------------------------------------------------ arrays
 
-def _to_device(a, dtype=None, order="K"):
-    """A fresh device copy of host data (or a device array, converted only when needed)."""
+def _to_device(a, dtype=None, order="K", ndmin=0):
+    """A fresh device copy of host data (or a device array, converted only when needed). As CuPy's
+    `_array_default` (cupy/_core/core.pyx): a 0-d host value is a fill kernel with the value baked in, anything
+    else a host-to-device copy (refused on a capturing stream)."""
     if isinstance(a, DeviceArray):
         return a if dtype is None or a.dtype == np.dtype(dtype) else a.astype(dtype)
-    count_h2d(a)
-    return wrap(np.array(a, dtype=dtype, order=order, copy=True))
+    host = np.array(a, dtype=dtype, order=order, copy=True, ndmin=ndmin)
+    if host.ndim == 0:
+        device = DeviceArray(host.shape, host.dtype)
+        device.fill(host[()])
+        return device
+    count_h2d(host)
+    return wrap(host)
 
 
-def asarray(a, dtype=None, order=None):
+def asarray(a, dtype=None, order=None, *, blocking=False):
     return _to_device(a, dtype)
 
 
-def array(a, dtype=None, copy=True, order="K", ndmin=0):
+def array(a, dtype=None, copy=True, order="K", ndmin=0, *, blocking=False):
     if not isinstance(a, DeviceArray):
-        count_h2d(a)
-        return wrap(np.array(a, dtype=dtype, copy=True, order=order, ndmin=ndmin))
+        return _to_device(a, dtype, order, ndmin)
     src = to_base(a)
     return wrap(graphs.fresh("launch", "copy", lambda: np.array(src, dtype=dtype, copy=True, order=order, ndmin=ndmin),
                              (src,)))
@@ -65,8 +73,10 @@ def ascontiguousarray(a, dtype=None):
     return _to_device(np.ascontiguousarray(a, dtype=dtype))
 
 
-def asnumpy(a, stream=None):
-    return a.get() if isinstance(a, DeviceArray) else np.asarray(a)
+def asnumpy(a, stream=None, order="C", out=None, *, blocking=True):
+    if isinstance(a, DeviceArray):
+        return a.get(stream=stream, order=order, out=out, blocking=blocking)
+    return np.asarray(a, order=order)
 
 
 def _numpy_function(name):
@@ -77,6 +87,32 @@ def _numpy_function(name):
         return device_call(name, f, args, kwargs)
     device_function.__name__ = name
     return device_function
+
+
+# ------------------------------------------------------------------------------ cuBLAS through CuPy
+
+_CUBLAS_DTYPES = "efdFD"       # other dtypes: CuPy's own kernels (cupy/_core/_routines_linalg.pyx)
+_VECTOR_PRODUCTS = {"dot", "matmul", "inner", "__matmul__", "__rmatmul__", "__imatmul__"}
+
+
+def cublas_product(name, operands) -> bool:
+    """Whether CuPy runs product `name` of `operands` (NumPy arrays: the device memory) through cuBLAS; raises
+    as CuPy does where it would while the current stream captures.
+
+    CuPy's products reach cuBLAS through cupy_backends/cuda/libs/cublas.pyx: setStream (CuPy v14.2.0), which
+    every BLAS wrapper calls with the CURRENT stream and which raises NotImplementedError while that stream
+    captures, before any CUDA work: the capture stays valid (an invalidated one raises streamIsCapturing's
+    RuntimeError instead). Not cuBLAS (cupy/_core/_routines_linalg.pyx):
+    integer and boolean products, a size-0 operand (`out.fill(0)`), vector . vector
+    (`_tensordot_core_mul_sum`), and `vdot` (two flattened vectors)."""
+    arrays = [o for o in operands if isinstance(o, np.ndarray)]
+    if len(arrays) < 2 or np.result_type(*arrays).char not in _CUBLAS_DTYPES or any(a.size == 0 for a in arrays):
+        return False
+    if name == "vdot" or (name in _VECTOR_PRODUCTS and all(a.ndim == 1 for a in arrays)):
+        return False
+    if graphs.stream_is_capturing(get_current_stream()):          # CuPy's runtime.streamIsCapturing
+        raise NotImplementedError("calling cuBLAS API during stream capture is currently unsupported")
+    return True
 
 
 # --------------------------------------------------------------------------------------- cupy.cuda
@@ -99,7 +135,7 @@ class Device:
         _State.current_device = self._previous
 
     def synchronize(self):
-        graphs.forbid("Device.synchronize", device=True)
+        graphs.wait_device("Device.synchronize")
         counters.record("sync")
         CALLS.append(("synchronize", self.id))
 
@@ -145,16 +181,20 @@ class Stream:
         return self
 
     def synchronize(self):
-        graphs.forbid("Stream.synchronize", self)
+        graphs.wait_stream(self, "Stream.synchronize")
         counters.record("sync")
         CALLS.append(("stream_synchronize", self.ptr))
+
+    @property
+    def done(self):
+        return graphs.stream_done(self)
 
     def wait_event(self, event):
         if not isinstance(event, Event):
             raise TypeError(f"Stream.wait_event takes an Event, got {type(event).__name__}")
         if not event.recorded:
             raise AssertionError("Stream.wait_event on an event never recorded (the wait orders nothing)")
-        graphs.waited(self)
+        graphs.stream_waits(self, event)
         CALLS.append(("wait_event", self.ptr, id(event)))
 
     def begin_capture(self, mode=None):
@@ -164,7 +204,7 @@ class Stream:
         return graphs.end(self)
 
     def is_capturing(self):
-        return graphs.is_capturing(self)
+        return graphs.stream_is_capturing(self)
 
     def record(self, event=None):
         event = event or Event()
@@ -177,26 +217,27 @@ class Event:
         self.disable_timing = disable_timing
         self.recorded = False
         self.time_ms = None
+        self.captured, self.frontier = None, None       # the capture it was last recorded in (graphs)
 
     def record(self, stream=None):
         if stream is not None and not isinstance(stream, Stream):
             raise TypeError(f"Event.record takes a Stream, got {type(stream).__name__}")
         stream = stream or get_current_stream()
-        graphs.forbid("Event.record on a capturing stream", stream, thread=False)
+        graphs.record_event(self, stream)
         self.recorded = True
         self.time_ms = _Clock.now_ms
         self.launched = counters.LAUNCHED[0]        # its place in the queue
         CALLS.append(("record", stream.ptr, id(self)))
 
     def synchronize(self):
-        graphs.forbid("Event.synchronize", graphs.NO_STREAM)
+        graphs.wait_event(self, "Event.synchronize")
         # kernels launched after this event's record: the wait leaves them queued (the device keeps working)
         queued = self.recorded and counters.LAUNCHED[0] > self.launched
         counters.record("sync_queued" if queued else "sync")
 
     @property
     def done(self):
-        return True
+        return graphs.event_done(self)
 
 
 _NULL_STREAM = Stream.null = Stream(null=True)
@@ -207,7 +248,7 @@ def get_current_stream(device=None):
 
 
 def get_elapsed_time(start, end):
-    graphs.forbid("get_elapsed_time", graphs.NO_STREAM)
+    graphs.time_events(start, end)
     for e in (start, end):
         if not e.recorded or e.disable_timing:
             raise RuntimeError("get_elapsed_time needs two recorded events with timing (stand-in)")
@@ -218,11 +259,12 @@ def _runtime_module():
     rt = types.ModuleType("cupy.cuda.runtime")
     rt.getDeviceCount = _device_count
     def device_synchronize():
-        graphs.forbid("cudaDeviceSynchronize", device=True)
+        graphs.wait_device("cudaDeviceSynchronize")
         counters.record("sync")
         CALLS.append(("deviceSynchronize",))
     rt.deviceSynchronize = device_synchronize
     rt.CUDARuntimeError = graphs.CUDARuntimeError
+    rt.streamIsCapturing = graphs.stream_is_capturing       # takes a stream's handle
     rt.streamCaptureModeGlobal, rt.streamCaptureModeThreadLocal, rt.streamCaptureModeRelaxed = 0, 1, 2
     rt.streamLegacy, rt.streamPerThread = 1, 2
     rt.runtimeGetVersion = lambda: 13000
@@ -230,18 +272,6 @@ def _runtime_module():
     rt.getDeviceProperties = lambda i: {"name": b"stand-in (host)", "uuid": bytes([int(i)] * 16),
                                         "multiProcessorCount": 132, "totalGlobalMem": 1 << 34}
     return rt
-
-
-def _linalg_module():
-    lin = types.ModuleType("cupy._core._routines_linalg")
-    lin.COMPUTE_TYPE_DEFAULT, lin.COMPUTE_TYPE_TF32 = 0, 5
-
-    def set_compute_type(dtype, compute_type):
-        if compute_type not in (lin.COMPUTE_TYPE_DEFAULT, lin.COMPUTE_TYPE_TF32):
-            raise ValueError(f"unknown compute type {compute_type!r}")
-        CALLS.append(("set_compute_type", np.dtype(dtype).name, compute_type))
-    lin.set_compute_type = set_compute_type
-    return lin
 
 
 # -------------------------------------------------------------------------------------- the module
@@ -282,7 +312,7 @@ def build_modules() -> dict:
     cupy.ndarray = DeviceArray
     cupy.asarray, cupy.array, cupy.ascontiguousarray, cupy.asnumpy = asarray, array, ascontiguousarray, asnumpy
     cupy.RawModule = RawModule
-    cupy.get_default_memory_pool = lambda: graphs.DEFAULT_POOL
+    cupy.get_default_memory_pool = lambda: memory_pools.DEFAULT_POOL
     for name in _CREATION + _LIKE:
         setattr(cupy, name, _numpy_function(name))
 
@@ -293,9 +323,9 @@ def build_modules() -> dict:
     cuda = types.ModuleType("cupy.cuda")
     cuda.Device, cuda.Stream, cuda.Event = Device, Stream, Event
     cuda.get_current_stream, cuda.get_elapsed_time = get_current_stream, get_elapsed_time
-    cuda.Graph, cuda.MemoryPool = graphs.Graph, graphs.MemoryPool
-    cuda.using_allocator, cuda.set_allocator, cuda.get_allocator = (graphs.using_allocator, graphs.set_allocator,
-                                                                    graphs.get_allocator)
+    cuda.Graph, cuda.MemoryPool = graphs.Graph, memory_pools.MemoryPool
+    cuda.using_allocator, cuda.set_allocator = memory_pools.using_allocator, memory_pools.set_allocator
+    cuda.get_allocator = memory_pools.get_allocator
     cuda.graph = types.ModuleType("cupy.cuda.graph")
     cuda.graph.Graph = graphs.Graph
     cuda.runtime = _runtime_module()
@@ -305,9 +335,5 @@ def build_modules() -> dict:
     cupyx = types.ModuleType("cupyx")
     cupyx.empty_pinned = counters.empty_pinned
     cupyx.zeros_pinned = lambda shape, dtype=float, order="C": _zeroed(counters.empty_pinned(shape, dtype, order))
-
-    core = types.ModuleType("cupy._core")
-    core._routines_linalg = _linalg_module()
-    cupy._core = core
     return {"cupyx": cupyx, "cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": cuda.runtime, "cupy.cuda.nccl": cuda.nccl,
-            "cupy.cuda.graph": cuda.graph, "cupy._core": core, "cupy._core._routines_linalg": core._routines_linalg}
+            "cupy.cuda.graph": cuda.graph}

@@ -94,6 +94,32 @@ def test_graphed_steps_train_exactly_as_eager_steps():
     assert any(k.endswith("/var") for k in graphed_state)       # BatchNorm's running statistics compared
 
 
+def test_the_last_warm_up_step_runs_as_the_capture_will_just_before_it(monkeypatch):
+    """PyTorch's order (torch/cuda/graphs.py, `make_graphed_callables`): the warm-up runs on the stream the capture
+    then uses. Of the WARMUP eager steps of a shape, the last runs inside `capture_warmup()` (on the backend's
+    capture stream: tests/backends/test_capture_stream.py), and the capture follows it."""
+    from pydtnn.backends.gpu.backend import GPUBackend
+    from pydtnn.parallel.step_graphs import WARMUP
+    order = []
+    warmup, capture = GPUBackend.capture_warmup, GPUBackend.capture
+
+    def spied_warmup(self):
+        order.append("warm-up")
+        return warmup(self)
+
+    def spied_capture(self, fn, inputs):
+        order.append("capture")
+        return capture(self, fn, inputs)
+    monkeypatch.setattr(GPUBackend, "capture_warmup", spied_warmup)
+    monkeypatch.setattr(GPUBackend, "capture", spied_capture)
+    with gpu_standin.active():
+        graphed, graphed_steps, _ = _train(True, epochs=1)
+        _, eager_steps, _ = _train(False, epochs=1)
+    assert WARMUP >= 1 and order == ["warm-up", "capture"]
+    assert (graphed.dp.graphs.captures, graphed.dp.graphs.replays) == (1, 10 - WARMUP)
+    assert graphed_steps.ends == eager_steps.ends
+
+
 def test_a_graphed_run_checkpointed_inside_an_epoch_resumes_on_the_same_weights(tmp_path):
     with gpu_standin.active():
         _, _, full = _train(True, checkpoint_dir=str(tmp_path / "a"), save_steps=7)
@@ -116,6 +142,38 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_after_one_notice():
     assert len(notices) == 1 and "could not be captured" in notices[0] and "\n" not in notices[0], said
     assert steps.ends == eager_steps.ends
     _same(state, eager_state)
+
+
+def test_a_token_id_out_of_range_in_a_replayed_step_is_still_one_line():
+    """Embedding reads its ids' range to the host, which a capture cannot hold: captured, it leaves the check
+    to the training loop, which checks each batch's ids on the host before they go to the device. So a byte
+    model's step captures, and an id out of range in a step that replays a graph is the eager run's one line."""
+    from pydtnn.errors import DatasetError
+    from pydtnn.layers import Embedding
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 6, (40, 5))
+    data = from_arrays(ids, (ids + 1) % 6)
+    takes, take = [], data.train.take
+
+    def take_with_a_bad_id_in_the_sixth_batch(indices, epoch=None):
+        x, y = take(indices, epoch=epoch)
+        takes.append(len(indices))
+        if len(takes) == 6:
+            x = x.copy()
+            x[-1, 2] = 6
+        return x, y
+    data.train.take = take_with_a_bad_id_in_the_sixth_batch
+    with gpu_standin.active():
+        model = Model(backend=_gpu(), seed=0)
+        for layer in (Input(shape=(5,), dtype="int64"), Embedding(6, 8), FC(6), Softmax()):
+            model.add(layer)
+        trainer = Trainer(model, data, SGD(learning_rate=0.05), global_batch=4, progress=False, seed=3,
+                          cuda_graphs=True)
+        with pytest.raises(DatasetError, match=r"token id 6 is outside \[0, 6\)") as e:
+            trainer.fit(1)
+    assert "\n" not in str(e.value)
+    graphs = trainer.dp.graphs
+    assert graphs.off is None and graphs.captures == 1 and graphs.replays >= 1, graphs.summary()
 
 
 def test_graphs_are_refused_where_they_cannot_work():

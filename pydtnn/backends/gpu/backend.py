@@ -1,17 +1,20 @@
-"""The GPU backend: CuPy arrays, layout NCHW, cuDNN convolutions, our own CUDA kernels for the rest.
+"""The GPU backend: CuPy arrays, layout NCHW, cuDNN convolutions, cuBLAS products, our own CUDA kernels for
+the rest.
 
 One file per kernel family, named as on the CPU backend (module and mixin: `gpu/norm.py` and `cpu/norm.py`
 both hold `BatchNormKernels`); the CUDA source of a family's own kernels is the file of the same name under
 `kernels/`. `conv` (`ConvKernels`: cuDNN through `cudnn.ConvRunner`, the bias in `elementwise`'s kernel),
-`norm` (`BatchNormKernels`), `pool` (`PoolingKernels`), `elementwise` (`ElementwiseKernels`: ReLU, a block's
-sum, bias); the random generator is `rng`, the device choice `device`.
+`matmul` (`MatmulKernels`: cuBLAS through the backend's own handle, `cublas`), `norm` (`BatchNormKernels`),
+`pool` (`PoolingKernels`), `elementwise` (`ElementwiseKernels`: ReLU, a block's sum, bias); the random
+generator is `rng`, the device choice `device`.
 
 - Device: `GPUBackend(device=None)` takes the launcher's local rank modulo the visible devices (see
   `device`), made current BEFORE anything is allocated.
 - `precision` (float32 data; float64 always computes in double): "fp32" (default: no TF32, any cuDNN
   algorithm, as PyTorch with TF32 off), "tf32" (cuDNN and cuBLAS may use TF32 tensor cores) or "fp32_strict"
-  (no TF32, FFT or Winograd: see `cudnn.precision`); visible as `backend.precision`. CuPy's matmul compute
-  type is process-wide: the float32 GPU backend created last sets it (`apply_precision()` sets it again).
+  (no TF32, FFT or Winograd: see `cudnn.precision`; cuBLAS's pedantic math); visible as `backend.precision`.
+  The products' math mode is set on the backend's own cuBLAS handle (`cublas`), so backends of different
+  precisions can share a process.
 - `auto_conv_alg` (default on): cuDNN plans chosen by measurement where they win (`cudnn.autotune`);
   `deterministic` (default: $PYDTNN_GPU_DETERMINISTIC, else off): only cuDNN plans that give the same bits
   every run, and no autotuning (two processes could pin different plans); every other GPU kernel here is
@@ -22,14 +25,15 @@ sum, bias); the random generator is `rng`, the device choice `device`.
 from __future__ import annotations
 
 import os
-import warnings
 
 import numpy as np
 
 from pydtnn.backends.contract import Backend, parse_dtype
 from pydtnn.backends.gpu.conv import ConvKernels
+from pydtnn.backends.gpu.cublas import Cublas
 from pydtnn.backends.gpu.device import use_device
 from pydtnn.backends.gpu.elementwise import ElementwiseKernels
+from pydtnn.backends.gpu.matmul import MatmulKernels
 from pydtnn.backends.gpu.norm import BatchNormKernels
 from pydtnn.backends.gpu.pool import PoolingKernels
 from pydtnn.errors import ConfigError, ShapeError
@@ -50,16 +54,7 @@ def _deterministic(value) -> bool:
     return value
 
 
-def _set_matmul_precision(precision: str) -> None:
-    """CuPy's float32 matmul (cuBLAS): TF32 tensor cores for "tf32", float32 arithmetic otherwise."""
-    try:
-        from cupy._core import _routines_linalg as lin
-        lin.set_compute_type(np.float32, lin.COMPUTE_TYPE_TF32 if precision == "tf32" else lin.COMPUTE_TYPE_DEFAULT)
-    except Exception as e:  # noqa: BLE001 - a CuPy without this internal: say so, keep CuPy's default
-        warnings.warn(f"could not set CuPy's float32 matmul compute type for precision={precision!r}: {e}")
-
-
-class GPUBackend(ConvKernels, BatchNormKernels, PoolingKernels, ElementwiseKernels, Backend):
+class GPUBackend(ConvKernels, MatmulKernels, BatchNormKernels, PoolingKernels, ElementwiseKernels, Backend):
     """CuPy/cuDNN kernels, NCHW inside and out."""
     name = "gpu"
     layout = "NCHW"
@@ -73,7 +68,6 @@ class GPUBackend(ConvKernels, BatchNormKernels, PoolingKernels, ElementwiseKerne
         cupy, self.device = use_device(device)          # before any allocation
         self.xp = cupy
         self.auto_conv_alg = bool(auto_conv_alg) and not self.deterministic
-        self.apply_precision()
         from pydtnn.backends.gpu import kernels
         self.kernels = kernels
         self._fns = {}
@@ -83,12 +77,7 @@ class GPUBackend(ConvKernels, BatchNormKernels, PoolingKernels, ElementwiseKerne
         self.seed(seed)
         from pydtnn.backends.gpu.cudnn import ConvRunner
         self.conv = ConvRunner(cupy, self.dtype, precision, conv_impl, self.auto_conv_alg, self.deterministic)
-
-    def apply_precision(self) -> None:
-        """Set CuPy's float32 matmul compute type (process-wide in CuPy) to this backend's precision; done at
-        construction, call again when backends of different precisions take turns in one process."""
-        if self.dtype == np.float32:
-            _set_matmul_precision(self.precision)
+        self.cublas = Cublas(cupy, self.dtype, self.precision)
 
     # --- arrays -------------------------------------------------------------------------------------
     def asarray(self, a):
@@ -147,6 +136,15 @@ class GPUBackend(ConvKernels, BatchNormKernels, PoolingKernels, ElementwiseKerne
         """`fn(*inputs)` as a CUDA graph (`graphs.capture`)."""
         from pydtnn.backends.gpu.graphs import capture
         return capture(self, fn, inputs)
+
+    def capture_warmup(self):
+        """The block runs on the stream captures use, drawing as a graph draws (`graphs.warmup`)."""
+        from pydtnn.backends.gpu.graphs import warmup
+        return warmup(self)
+
+    def workspaces(self) -> list:
+        """The device buffers the libraries use as workspaces now: a capture holds them (`graphs`)."""
+        return [self.conv.workspace.buf, self.cublas.workspace]
 
     def mark(self):
         """An event recorded on the compute stream."""

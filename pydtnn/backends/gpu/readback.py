@@ -2,10 +2,12 @@
 for the device inside a step.
 
 `start(values)` stacks the step's scalars on the device (one small kernel on the compute stream), makes a
-side stream wait for them (an event), and queues their copy into a pinned host buffer there; `result()`,
-a step later, waits for that copy's event (by then the device is a step further on: the wait is for work
-long done) and hands the numbers back. The stacked array is kept until then, so CuPy's pool cannot give its
-memory to the compute stream while the side stream still reads it; the pinned buffers are reused.
+side stream wait for them (an event), and queues their copy into a pinned host buffer there, without waiting
+for it (`get(blocking=False)`: CuPy's default, `blocking=True`, would synchronize the side stream, and so wait
+for the whole step); `result()`, a step later, waits for that copy's event (by then the device is a step
+further on: the wait is for work long done) and hands the numbers back. The stacked array is kept until
+then, so CuPy's pool cannot give its memory to the compute stream while the side stream still reads it; the
+pinned buffers are reused.
 """
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ class Readback:
         self.stream.wait_event(ready)
         spare = self.free.get(stacked.size)
         host = spare.pop() if spare else self.cupyx.empty_pinned((stacked.size,), np.float64)
-        stacked.get(stream=self.stream, out=host)
+        # pinned `out`: the copy is truly asynchronous (into pageable memory CUDA would return only once done)
+        stacked.get(stream=self.stream, out=host, blocking=False)
         copied = cp.cuda.Event(disable_timing=True)
         copied.record(self.stream)
         return PendingScalars(self, host, copied, stacked)

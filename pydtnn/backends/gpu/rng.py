@@ -85,6 +85,14 @@ class CounterRNG:
         """Write the state into the device pair `base` (before a replay), in stream order."""
         self._set_base(base, np.uint64(splitmix64_mix(self.seed_value)), np.uint64(self.offset & _MASK64))
 
+    def load_graph_kernels(self, base) -> None:
+        """Before a capture: the kernels its draws use (`uniform_fill_at`, `rng_base_set`) loaded now, as
+        loading a module is no work a capture can hold; `base` written and one number drawn from it, thrown
+        away (the offset stays)."""
+        self.set_base(base)
+        with self.drawing_from(base):
+            self.random(1)
+
 
 def check_state(value) -> tuple[int, int]:
     """(seed, offset) of a saved `CounterRNG` state; ValueError if it is not one (needs no device)."""

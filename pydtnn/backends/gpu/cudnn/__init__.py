@@ -14,8 +14,8 @@ record holds two plans, the heuristic's and the measured best; `guard` runs whol
 keeps the faster one. Determinism (`deterministic=True`, for bit-exact reruns) allows only plans that give
 the same bits every run, and turns autotuning off: two processes could pin different plans.
 
-All records share one workspace buffer (CuPy's memory pool, grown on demand, reused) and run on CuPy's
-current stream.
+All records share one workspace buffer (CuPy's memory pool, grown on demand, reused; an outgrown buffer that
+a CUDA graph captured lives on with the graph: `Workspace`) and run on CuPy's current stream.
 """
 from __future__ import annotations
 
@@ -36,7 +36,12 @@ LOG = logging.getLogger("pydtnn.gpu")
 
 class Workspace:
     """One device scratch buffer from CuPy's memory pool, grown on demand and reused by every call (all
-    calls run in order on one stream, so sharing is safe)."""
+    calls run in order on one stream, so sharing is safe).
+
+    A CUDA graph bakes in the buffer's address: a capture holds the buffer it used (`buf`, one of
+    `GPUBackend.workspaces()`; `graphs.CapturedCall`). So growing RETIRES the buffer rather than freeing it:
+    the workspace lets go of it, and CuPy's pool takes it back only when the last graph that holds it is
+    dropped (at once where none does)."""
 
     def __init__(self, cupy):
         self.cp = cupy
@@ -44,15 +49,20 @@ class Workspace:
         self._ptr = self.buf.data.ptr
 
     def ptr(self, nbytes: int) -> int:
-        if nbytes > self.buf.nbytes:
-            self.buf = None
+        if nbytes > self.nbytes:
+            self.retire()                   # first: where no graph holds it, its memory serves the new one
             self.buf = self.cp.empty(int(nbytes), dtype=self.cp.uint8)
             self._ptr = self.buf.data.ptr
         return self._ptr
 
+    def retire(self) -> None:
+        """Let go of the buffer (to the graphs that captured it, if any: they keep it alive as long as they
+        live); the next `ptr` allocates a new one."""
+        self.buf = self._ptr = None
+
     @property
-    def nbytes(self):
-        return self.buf.nbytes
+    def nbytes(self) -> int:
+        return 0 if self.buf is None else self.buf.nbytes
 
 
 def _device_name(cupy) -> str:
