@@ -22,7 +22,7 @@ from . import cifar10, imagenet, mnist, synthetic, text
 from .arrays import ArraySplit, from_arrays
 from .base import NORMALIZATION, Augmentation, Dataset, Split, check_fraction
 from .custom import is_dataset_file, load_dataset_file
-from .download import default_cache_dir, download_dataset, fetch
+from .download import default_cache_dir, download_dataset, fetch, ways_to_get
 
 __all__ = ["load_dataset", "from_arrays", "load_dataset_file", "Dataset", "Split", "ArraySplit", "Augmentation", "NORMALIZATION", "DATASETS",
            "KNOWN_SHAPES", "fetch", "download_dataset", "default_cache_dir"]
@@ -53,12 +53,11 @@ def _folder(name: str, train_path, download: bool, cache_dir) -> str:
     else:
         folder = os.path.join(cache_dir or default_cache_dir(), name)
     if not os.path.isdir(folder):
-        hint = "" if train_path is not None else " (pass train_path, or download=True to fetch it)"
-        raise DatasetError(f"{folder}: {name} dataset folder not found{hint}")
+        raise DatasetError(f"{folder}: {name} dataset folder not found: {ways_to_get(name, train_path is not None)}")
     return folder
 
 
-def _load_mnist(train_dir: str, test_dir: str, test_explicit: bool):
+def _load_mnist(train_dir: str, test_dir: str, test_explicit: bool, path_given: bool):
     """(train source, test source or None, pool_mode)."""
     def present(folder, which):
         return [s for s in mnist.FILES[which] if mnist.find_file(folder, s)]
@@ -72,7 +71,7 @@ def _load_mnist(train_dir: str, test_dir: str, test_explicit: bool):
         train, pool = mnist.load_pair(train_dir, "test"), True   # t10k-only folder: the pool
     else:
         raise DatasetError(f"{train_dir}: no MNIST files here (expected train-images-idx3-ubyte[.gz] and "
-                           f"train-labels-idx1-ubyte[.gz], or the t10k pair)")
+                           f"train-labels-idx1-ubyte[.gz], or the t10k pair): {ways_to_get('mnist', path_given)}")
     if pool and _same_folder(train_dir, test_dir):
         test = None                                   # the t10k pair is the training pool, not a test set
     elif test_explicit or present(test_dir, "test"):
@@ -82,7 +81,10 @@ def _load_mnist(train_dir: str, test_dir: str, test_explicit: bool):
     return train, test, pool
 
 
-def _load_cifar10(train_dir: str, test_dir: str, test_explicit: bool):
+def _load_cifar10(train_dir: str, test_dir: str, test_explicit: bool, path_given: bool):
+    if not cifar10.has_any(train_dir):               # an empty folder; a partial one names its missing file
+        raise DatasetError(f"{train_dir}: no CIFAR-10 files here (expected data_batch_1.bin ... data_batch_5.bin, "
+                           f"or their {cifar10.ARCHIVE_FOLDER} folder): {ways_to_get('cifar10', path_given)}")
     train = cifar10.load_files(train_dir, "train")
     folder = cifar10.resolve_folder(test_dir)
     if test_explicit or any(os.path.isfile(os.path.join(folder, f)) for f in cifar10.TEST_FILES):
@@ -164,11 +166,12 @@ def load_dataset(name: str, *, train_path=None, test_path=None, validation_split
     else:
         if key == "imagenet":
             if train_path is None:
-                raise ConfigError("imagenet needs train_path: a folder of NPZ shards (keys x, y)")
+                raise ConfigError(f"imagenet needs a folder of NPZ shards (keys x, y), and has no download: "
+                                  f"{ways_to_get('imagenet', False)}")
             k = 1000 if nclasses is None else int(nclasses)
             if k < 1:
                 raise ConfigError(f"nclasses must be >= 1, got {nclasses}")
-            train_src = imagenet.ShardSource(os.fspath(train_path), k)
+            train_src = imagenet.ShardSource(os.fspath(train_path), k, ways_to_get("imagenet", True))
             test_src = imagenet.ShardSource(os.fspath(test_path), k) if test_path is not None else None
             if test_src is not None and test_src.input_shape != train_src.input_shape:
                 raise DatasetError(f"{test_path}: test shards hold {test_src.input_shape} images, the train "
@@ -181,10 +184,11 @@ def load_dataset(name: str, *, train_path=None, test_path=None, validation_split
             test_dir = os.fspath(test_path) if test_path is not None else train_dir
             if test_path is not None and not os.path.isdir(test_dir):
                 raise DatasetError(f"{test_dir}: {key} test folder not found")
+            given = train_path is not None
             if key == "mnist":
-                train_src, test_src, pool_mode = _load_mnist(train_dir, test_dir, test_path is not None)
+                train_src, test_src, pool_mode = _load_mnist(train_dir, test_dir, test_path is not None, given)
             else:
-                train_src, test_src = _load_cifar10(train_dir, test_dir, test_path is not None)
+                train_src, test_src = _load_cifar10(train_dir, test_dir, test_path is not None, given)
         if input_shape is not None and input_shape != train_src.input_shape:
             raise ConfigError(f"{key} images are {train_src.input_shape}, input_shape={input_shape} "
                               f"was given")

@@ -35,6 +35,12 @@ def resolve_folder(folder: str) -> str:
     return folder
 
 
+def has_any(folder: str) -> bool:
+    """Whether the folder (or its archive subfolder) holds any of the training files."""
+    folder = resolve_folder(folder)
+    return any(os.path.isfile(os.path.join(folder, f)) for f in TRAIN_FILES)
+
+
 def has_files(folder: str, which: str) -> bool:
     files = TRAIN_FILES if which == "train" else TEST_FILES
     folder = resolve_folder(folder)

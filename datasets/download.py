@@ -224,6 +224,24 @@ def _extract_cifar(archive: str, folder: str) -> None:
     _fsync_dir(out)
 
 
+DOWNLOADABLE = ("mnist", "cifar10")
+
+
+def ways_to_get(name: str, path_given: bool) -> str:
+    """The ways out of a built-in dataset's missing files, to end that message: its folder (the flag and
+    load_dataset's argument), the download (mnist, cifar10) and the launcher's synthetic data of its shape."""
+    if path_given:
+        ways = ["correct --dataset_train_path (train_path=)"]
+        fetch_it = "or leave it out and fetch the files into the cache with --download true (download=True)"
+    else:
+        ways = ["give the folder of its files with --dataset_train_path DIR (train_path=DIR)"]
+        fetch_it = "fetch them into the cache with --download true (download=True)"
+    if name in DOWNLOADABLE:
+        ways.append(fetch_it)
+    ways.append(f"or train on synthetic data shaped like {name} with --use_synthetic_data true")
+    return ", ".join(ways)
+
+
 def download_dataset(name: str, cache_dir: str | None = None, progress: bool = True) -> str:
     """Fetch the missing files of ``mnist`` or ``cifar10`` into ``<cache>/<name>``; returns that folder."""
     from . import cifar10
@@ -244,4 +262,4 @@ def download_dataset(name: str, cache_dir: str | None = None, progress: bool = T
             _fetch_mirrors(list(CIFAR10_URLS), archive, CIFAR10_SHA256, progress)
         _extract_cifar(archive, root)
         return root
-    raise ConfigError(f"dataset {name!r} cannot be downloaded (only mnist and cifar10 can)")
+    raise ConfigError(f"dataset {name!r} cannot be downloaded (only {' and '.join(DOWNLOADABLE)} can)")

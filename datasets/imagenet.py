@@ -67,13 +67,15 @@ class ShardSource:
 
     max_cached = 2
 
-    def __init__(self, folder: str, nclasses: int = 1000):
+    def __init__(self, folder: str, nclasses: int = 1000, ways_out: str = ""):
+        """`ways_out`: what to do when the folder or its shards are missing, ending that message."""
+        ways_out = f": {ways_out}" if ways_out else ""
         if not os.path.isdir(folder):
-            raise DatasetError(f"{folder}: ImageNet shard folder not found")
+            raise DatasetError(f"{folder}: ImageNet shard folder not found{ways_out}")
         self.folder = folder
         self.paths = sorted(glob.glob(os.path.join(folder, "*.npz")))
         if not self.paths:
-            raise DatasetError(f"{folder}: no *.npz shards in this folder")
+            raise DatasetError(f"{folder}: no *.npz shards in this folder{ways_out}")
         self.nclasses = int(nclasses)
         sizes, shape = [], None
         for p in self.paths:

@@ -11,8 +11,9 @@ train. Each step is a function testable in one process; those with more than wir
 A user's mistake prints one line (`pydtnn: error: ...`) on rank 0 and every rank exits with status 2
 (`pydtnn.parallel.runtime.shutdown`).
 Exit statuses: 0 done; 2 a user's mistake or an output that cannot be written (the training's state saved
-where it can be); 3 stopped by SIGTERM or SIGUSR1 after writing a full checkpoint (continue with --resume);
-130 interrupted (Ctrl-C: after writing a full checkpoint once training has started).
+where it can be); 3 stopped by SIGTERM or SIGUSR1 after writing a full checkpoint (continue with --resume), or
+during the probe before training, with nothing trained or written; 130 interrupted (Ctrl-C: after writing a
+full checkpoint once training has started).
 """
 from __future__ import annotations
 
@@ -79,7 +80,11 @@ def run(p, given=None):
     if p.enable_nccl and comm.size > 1:
         from pydtnn.parallel.comm import make_comm
         comm = make_comm("nccl")
-    trainer = make_trainer(config, devices, local, split, comm)   # optimizer, schedulers, restored state, probe
+    from pydtnn.training.loop import Preempted
+    try:
+        trainer = make_trainer(config, devices, local, split, comm)   # optimizer, schedulers, restored state, probe
+    except Preempted as e:                 # a signal during the probe: every rank stopped together, nothing trained
+        _end_preempted(e)
     if comm.rank == 0:
         print_banner(config, devices, local, split, trainer)
     return train(config, trainer, comm)
@@ -192,10 +197,7 @@ def train(config, trainer, comm):
         else:
             trainer.fit(p.num_epochs)
     except Preempted as e:                 # every rank stopped after the same step (agreed in the step's allreduce)
-        import signal
-        from pydtnn.parallel.runtime import shutdown
-        shutdown.end_job(EXIT_INTERRUPTED if e.signum == signal.SIGINT else EXIT_PREEMPTED, f"pydtnn: {e}",
-                         launcher_ending=e.launcher_ending)
+        _end_preempted(e)
     except OutputError as e:
         # an output failed after a whole step (a history row, a checkpoint, the trace): the weights are whole
         raise OutputError(f"{e}{rescue_weights(p, model, comm)}") from None
@@ -211,6 +213,15 @@ def train(config, trainer, comm):
                                               title=f"layer profile of rank 0 (b_i = {trainer.sizes[0]})"))
     comm.barrier()
     return 0
+
+
+def _end_preempted(e):
+    """Every rank ends together on a signal: 130 for Ctrl-C, 3 for SIGTERM or SIGUSR1 (one line: where the
+    checkpoint went, or, stopped in the probe before training, that nothing was trained or written)."""
+    import signal
+    from pydtnn.parallel.runtime import shutdown
+    shutdown.end_job(EXIT_INTERRUPTED if e.signum == signal.SIGINT else EXIT_PREEMPTED, f"pydtnn: {e}",
+                     launcher_ending=e.launcher_ending)
 
 
 def _print_eval(trainer, split, what, rank):

@@ -136,7 +136,9 @@ class Model:
         return self.backend.to_user(x) if x.ndim == 4 else x
 
     def backward(self, dy, on_grads_ready=None, start=None, need_dx=True):
-        """Back-propagate dy (dL/d output) through the layers, filling `grads`; returns dL/dx (NCHW).
+        """Back-propagate dy (dL/d output) through the layers, filling `grads`; returns dL/dx (NCHW), or None
+        when the model's input takes no gradient: integer ids (an Embedding first, whatever the Input's dtype),
+        as PyTorch and Keras have no gradient for integer inputs.
 
         `start` skips the layers from that index on (used when the loss already fused the last one);
         `on_grads_ready(lo)` is called after each layer with parameters: grads[lo:] are then final.
@@ -151,6 +153,8 @@ class Model:
         passing = execution.backward_pass() if execution is not None else contextlib.nullcontext()
         with passing:                   # blocks may hand a sum to the block before them (pydtnn.execution)
             for i in range(stop - 1, -1 if need_dx else 0, -1):
+                if i == 0 and dy is None:
+                    break               # the layer after Input takes ids (differentiable_input False): no dL/dx
                 layer = self.layers[i]
                 # backward_internal, given the layer's partners (unpacked: none)
                 call = execution.call(layer, "backward") if execution is not None else layer.backward_internal

@@ -15,7 +15,7 @@ from pydtnn.launch.flags import flag_dests, flag_text, json_value, option_of
 # (only whether they are given must agree); what only rank 0 writes or shows.
 PER_RANK_FLAGS = frozenset({"threads_per_replica", "history_file", "save_weights_and_bias_filename",
                             "tracer_output", "checkpoint_dir", "progress_bar", "profile", "tensorboard_dir",
-                            "step_history_file", "plots_dir"})
+                            "step_history_file", "plots_dir", "verbose"})
 PRESENCE_FLAGS = frozenset({"dataset_train_path", "dataset_test_path", "weights_and_bias_filename", "resume"})
 
 DIGEST_BITS = 62

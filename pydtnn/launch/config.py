@@ -69,6 +69,9 @@ def configure(p, nreplicas: int, many_processes: bool = False) -> RunConfig:
         devices = [d.strip().lower() for d in p.devices.split(",")]
         if len(devices) != P or any(d not in ("cpu", "gpu") for d in devices):
             raise ConfigError(f"--devices needs one of cpu/gpu per replica ({P}), got {p.devices!r}")
+    if p.precision != "fp32" and "gpu" not in devices:
+        raise ConfigError(f"--precision {p.precision} sets a GPU's float32 math, and no replica of this run is on a "
+                          f"GPU (--enable_gpu true or --devices): the CPU computes in fp32; leave --precision out")
     if p.enable_nccl and P > 1 and any(d != "gpu" for d in devices):
         raise ConfigError("--enable_nccl needs every replica on a GPU; mixed --devices reduce through MPI")
     if p.cuda_graphs:
@@ -85,11 +88,15 @@ def configure(p, nreplicas: int, many_processes: bool = False) -> RunConfig:
         raise ConfigError(f"--replica_speeds has {len(p.replica_speeds)} values for {P} replicas")
     if p.emulate_speeds and len(p.emulate_speeds) != P:
         raise ConfigError(f"--emulate_speeds has {len(p.emulate_speeds)} values for {P} replicas")
-    if p.emulate_costs or p.emulate_schedule:
-        from pydtnn.parallel.emulation import for_replica
+    if p.emulate_speeds or p.emulate_costs or p.emulate_schedule:
+        from pydtnn.parallel.emulation import check_emulation
         if p.emulate_speeds and p.emulate_costs:
             raise ConfigError("--emulate_costs gives every replica's costs: --emulate_speeds cannot be combined with it")
-        for_replica(0, P, p.emulate_costs, p.emulate_schedule)      # parsed and checked: one line
+        check_emulation(P, p.emulate_speeds, p.emulate_costs, p.emulate_schedule)   # counts and ranges: one line
+    if p.balance != "none" and not data:
+        taken = "; a resumed run takes it from its checkpoint: give --balance none" if p.resume else ""
+        raise ConfigError(f"--balance {p.balance} splits the global batch among replicas: it needs --parallel data "
+                          f"(this run is one process{taken})")
     if p.balance_options and not data:
         raise ConfigError("--balance_options is used by --parallel data only")
     if p.sync_batchnorm and (p.balance_options or {}).get("allow_zero") not in (None, ""):
@@ -122,7 +129,7 @@ EXECUTION_FLAGS = frozenset({
     "conv_algorithm", "enable_conv_winograd", "enable_cudnn_auto_conv_alg", "enable_conv_gemm",
     "enable_memory_cache", "tensor_format", "shared_storage", "download", "enable_fused_bn_relu",
     "enable_fused_conv_relu", "enable_fused_conv_bn", "enable_fused_conv_bn_relu", "enable_best_of", "overwrite",
-    "restore_emulation"})
+    "restore_emulation", "verbose"})
 
 # A checkpoint is data: its stored flags may describe the run, never choose a path or load code. Outputs are
 # always this command line's (a resumed run never writes where the checkpoint's run wrote unless told so);
@@ -272,7 +279,23 @@ def merge_resumed_flags(parser, p, given, saved: dict, path: str):
     for dest in inherited:
         changes[dest] = getattr(parsed, dest) if saved[dest] is not None else None
         setattr(p, dest, changes[dest])
+    _check_restored_emulation(p, inherited, path)
     return changes, anew, lines
+
+
+def _check_restored_emulation(p, inherited, path):
+    """--restore_emulation: the checkpoint's --emulate_* values, within the ranges a command line's must keep
+    (`pydtnn.parallel.emulation.check_emulation`), or one line naming the checkpoint and the field."""
+    from pydtnn.parallel.emulation import check_speeds, parse_costs, parse_schedule
+    checks = {"emulate_speeds": check_speeds, "emulate_costs": parse_costs, "emulate_schedule": parse_schedule}
+    for dest in sorted(EMULATION_FLAGS.intersection(inherited)):
+        if getattr(p, dest) in (None, ""):
+            continue
+        try:
+            checks[dest](getattr(p, dest))
+        except ConfigError as e:
+            raise CheckpointError(f"checkpoint {path}: metadata field 'flags.{dest}' (restored by "
+                                  f"--restore_emulation true): {e}") from None
 
 
 def names_code(dest, value) -> bool:

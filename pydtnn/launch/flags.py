@@ -284,7 +284,8 @@ def _data_parallel_flags(g):
     g.add_argument("--balance_options", type=policy_options, default=None,
                    help="key=value,... for the policy: a user's class gets them as keyword arguments; fpm and "
                         "dynamic take points, rounds, tolerance, bucket (GPU local batches a multiple of it, 8), "
-                        "allow_zero (replicas that may get 0 samples, as 1:2), dynamic also hysteresis, drift, probe")
+                        "allow_zero (replicas that may get 0 samples, as 1:2), probe_s (seconds of timed passes per "
+                        "probe point, 0.2), dynamic also hysteresis, drift, probe")
     g.add_argument("--replica_speeds", type=float_list, default=None, help="v1,v2,... relative replica speeds")
     g.add_argument("--max_local_batch", type=positive_int_list, default=None,
                    help="memory caps: the most samples a replica may hold, one value for all or one per replica; "
@@ -343,7 +344,7 @@ def _device_flags(g):
 
 
 def _tracing_and_output_flags(g):
-    """Traces, per-step scalars, plots, profiles and the progress bar."""
+    """Traces, per-step scalars, plots, profiles, the progress bar and how much the start says."""
     B = boolean
     g.add_argument("--tracing", type=B, default=False,
                    help="write a per-layer Chrome/Perfetto trace of every rank (--tracer_output, --trace_steps)")
@@ -362,6 +363,9 @@ def _tracing_and_output_flags(g):
     g.add_argument("--profile", type=B, default=False, help="cProfile of rank 0's training, printed at the end")
     g.add_argument("--progress_bar", type=B, default=True,
                    help="progress on rank 0's stderr: a tqdm bar on a terminal, else a plain line every 10 s")
+    g.add_argument("--verbose", type=B, default=False,
+                   help="print every parameter and the model's layers at the start, not only the few lines "
+                        "of the model, data, replicas, precision and outputs")
 
 
 def parse_args(argv=None):

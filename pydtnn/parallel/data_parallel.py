@@ -128,10 +128,12 @@ class DataParallel:
         self.policy.sizes = list(sizes)
 
     def after_step(self, step, record, step_sizes=None):
-        """The policy's decision after global step `step` of `step_sizes` (default the split in force), told
-        as a StepReport (from the step's agreed `record`, or a list of seconds per sample); a new split is
-        checked, agreed on, announced in one line, then in force. A policy that does not read the steps
-        (`BalancePolicy.listens`: equal, static, fpm) is not called."""
+        """The policy's decision after global step `step` (0-based, as the policy's `after_step` is given it) of
+        `step_sizes` (default the split in force), told as a StepReport (from the step's agreed `record`, or a
+        list of seconds per sample); a new split is checked, agreed on, announced in one line, then in force.
+        A policy that does not read the steps (`BalancePolicy.listens`: equal, static, fpm) is not called.
+        What a user reads counts steps from 1, as the step history and --trace_steps do: "after step
+        {step + 1}"; a failure names the call as the policy received it, "in after_step(step={step})"."""
         if not self.policy.listens:
             return
         sizes = list(self.sizes if step_sizes is None else step_sizes)
@@ -143,7 +145,7 @@ class DataParallel:
             new = None if new is None else self.checked(new)
         except PyDTNNError as e:
             error = e
-        new = self.agreed(new, error, f"after step {step + 1}")
+        new = self.agreed(new, error, f"in after_step(step={step}), after step {step + 1}")
         if new is not None and new != self.sizes:
             reason = getattr(self.policy, "reason", None)
             self.log(f"re-split after step {step + 1}: {self.sizes} -> {new}" + (f" ({reason})" if reason else ""))

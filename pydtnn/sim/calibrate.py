@@ -214,8 +214,11 @@ def calibrate(model_name, batch_points=DEFAULT_BATCH_POINTS, layer_seconds=30.0,
             extra["network_sweep" if n == nprocs else "network_sweep_oversubscribed"] = sweep
         net = nets[0]
         over = nets[1] if len(nets) > 1 else None              # counts[1] is slots + 1: oversubscribed
+        net_words = (f"measured by calibrate: MPI ping-pong and Allreduce sweeps on {nprocs} processes of "
+                     f"{platform.node()}, {time.strftime('%Y-%m-%d')}")
     else:
         net = Network(0.0, 0.0, 0.0)
+        net_words = "not measured (calibrate --network false): alpha = beta = gamma = 0"
     factors = {}
     if contention:
         batch = min(batch_points, key=lambda b: abs(b - 32))
@@ -235,7 +238,7 @@ def calibrate(model_name, batch_points=DEFAULT_BATCH_POINTS, layer_seconds=30.0,
                    network=net, update_s=update, step_overhead_s=step_overhead, dtype_bytes=model.dtype.itemsize,
                    source="measured", device=f"{platform.machine()} cpu, {cores} cores, {platform.node()}",
                    cores=cores, threads_per_replica=int(threads), contention=factors,
-                   network_oversubscribed=over, extra=extra)
+                   network_oversubscribed=over, network_source=net_words, extra=extra)
 
 
 if __name__ == "__main__":      # pragma: no cover - manual use

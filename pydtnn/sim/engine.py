@@ -17,7 +17,9 @@ from pydtnn.errors import ConfigError
 from pydtnn.parallel import sharding
 from pydtnn.sim.collectives import resolve_algorithm
 from pydtnn.sim.policies import PolicyDriver, make_policy
-from pydtnn.sim.step_model import Collective, StepModel
+from pydtnn.sim.kinds import codes, row_kinds
+from pydtnn.sim.links import default_inter
+from pydtnn.sim.step_model import Collective, StepModel, profile_groups
 from pydtnn.sim.variability import Stragglers, Variability
 
 __all__ = ["Scenario", "Result", "simulate", "best_partition"]
@@ -45,10 +47,20 @@ class Scenario:
     balance_options: dict | None = None
     devices: list | None = None        # one of "cpu" / "gpu" per replica (what a policy is told)
     cost_model: object = None          # a run's pydtnn.parallel.balance.cost_model.CostModel: replica compute from it
+    cost_index: object = None          # (P,) ints: replica i's compute is cost_model.replicas[cost_index[i]]
+    #                                    (None: replica i mod the model's count)
+    network_inter: object = None       # a Network between nodes (None: the profile's, else links' default)
+    _groups: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def replicas(self) -> int:
         return len(self.profiles)
+
+    def groups(self):
+        """(distinct profiles, index (P,)), found once (`step_model.profile_groups`)."""
+        if self._groups is None or len(self._groups[1]) != len(self.profiles):
+            self._groups = profile_groups(self.profiles)
+        return self._groups
 
 
 @dataclass
@@ -58,7 +70,7 @@ class Result:
     sizes: list                        # the split in force at the end
     compute_s: np.ndarray              # per replica, mean per step
     wait_s: np.ndarray
-    rebalances: int
+    rebalances: int                    # re-splits during training (a probe's first split is not counted)
     steps_per_epoch: int
     extra: dict = field(default_factory=dict)
 
@@ -92,7 +104,7 @@ def _check(sc: Scenario):
             raise ConfigError(f"--speed_factors has {len(sc.speed_factors)} values for {P} replicas")
         if min(sc.speed_factors) <= 0:
             raise ConfigError("--speed_factors must be > 0")
-    names = {tuple(p.layer_names) for p in sc.profiles}
+    names = {tuple(p.layer_names) for p in sc.groups()[0]}
     if len(names) > 1:
         raise ConfigError("the profiles describe different models (their layer lists differ)")
     resolve_algorithm(sc.algorithm)
@@ -115,15 +127,38 @@ def _model(sc, sizes, collective, emulate):
 def _step_model(sc, sizes, collective, emulate, ranks_at_work):
     """The step model with every replica's contention factor at its node's count of ranks at work; with a
     run's cost model, each replica's layers scaled so that its compute is the model's t_i(b_i)."""
-    contention = [p.contention_factor(k) for p, k in zip(sc.profiles, ranks_at_work)]
+    groups = sc.groups()
+    contention = _contention(groups, ranks_at_work)
     scale = None
     if sc.cost_model is not None:
-        model = sc.cost_model
-        wanted = np.array([model.replicas[i % len(model)].seconds(b) for i, b in enumerate(sizes)], dtype=float)
-        alone = StepModel(sc.profiles, sizes, collective).compute_alone * np.asarray(contention)
+        wanted = _cost_seconds(sc, sizes)
+        alone = StepModel(sc.profiles, sizes, collective, groups=groups).compute_alone * contention
         scale = np.where(alone > 0, wanted / np.maximum(alone, 1e-300), 1.0)    # the model's time, contention in
     return StepModel(sc.profiles, sizes, collective, non_blocking=sc.non_blocking, sync_bn=sc.sync_bn,
-                     bucket_bytes=sc.bucket_bytes, emulate=emulate, contention=contention, scale=scale)
+                     bucket_bytes=sc.bucket_bytes, emulate=emulate, contention=contention, scale=scale, groups=groups)
+
+
+def _contention(groups, ranks_at_work):
+    """Every replica's contention factor (its profile's, at its node's ranks at work), once per distinct pair."""
+    distinct, which = groups
+    k_code, k_values = codes(np.asarray(ranks_at_work, dtype=np.float64))
+    out = np.empty(k_code.size)
+    for g, prof in enumerate(distinct):
+        factors = np.array([prof.contention_factor(k) for k in k_values.tolist()])
+        rows = slice(None) if len(distinct) == 1 else which == g
+        out[rows] = factors[k_code[rows]]
+    return out
+
+
+def _cost_seconds(sc, sizes):
+    """Every replica's t_i(b_i) from the run's cost model, once per distinct (model replica, b)."""
+    model = sc.cost_model
+    P = len(sizes)
+    index = (np.arange(P) % len(model)) if sc.cost_index is None else np.asarray(sc.cost_index, dtype=np.int64)
+    b = np.asarray(sizes, dtype=np.int64)
+    kind, first = row_kinds(index, b)
+    wanted = np.array([float(model.replicas[index[r]].seconds(b[r])) for r in first.tolist()])
+    return wanted[kind]
 
 
 class SimProbe:
@@ -138,7 +173,7 @@ class SimProbe:
     def measure(self, sizes):
         model = _model(self.sc, list(sizes), self.collective, self.emulate)
         alone = model.compute_alone if model.emulate is None else np.maximum(model.compute_alone, model.emulate)
-        return alone, [[] for _ in sizes]
+        return alone, [()] * len(sizes)              # nothing flagged (one shared empty tuple: 10^7 replicas)
 
     def warm(self, sizes_per_replica):
         pass
@@ -154,19 +189,21 @@ def cost_model_of(sc, points=12):
     ladder = sorted({max(1, int(round(sc.global_batch ** (k / (points - 1))))) for k in range(points)})
     times = np.array([probe.measure([b] * sc.replicas)[0] for b in ladder])          # (points, P)
     # replicas alike (profile, speed, contention) share one fit: 10^6 replicas are a handful of kinds
-    kinds, kind_of = np.unique(times, axis=1, return_inverse=True)
-    fits = [ReplicaCost([(b, t) for b, t in zip(ladder, kinds[:, j]) if t > 0]) for j in range(kinds.shape[1])]
-    return CostModel([fits[j] for j in np.ravel(kind_of)], probe.devices)
+    kind, first = row_kinds(*times)
+    fits = [ReplicaCost([(b, t) for b, t in zip(ladder, times[:, j]) if t > 0]) for j in first.tolist()]
+    return CostModel([fits[j] for j in kind.tolist()], probe.devices)
 
 
 def _collective(sc):
     first = sc.profiles[0]
+    inter = sc.network_inter or first.network_inter or default_inter(first.network)
     return Collective(resolve_algorithm(sc.algorithm), sc.replicas, first.network_for(sc.replicas // sc.nodes),
-                      first.network_inter, sc.nodes)
+                      inter, sc.nodes)
 
 
 def simulate(sc: Scenario, progress=None) -> Result:
-    """`progress`: a bar (`pydtnn.observe.progress`) that counts the steps, closed at the end."""
+    """`progress`: what counts the steps (`update`, `close`; a `pydtnn.sim.talk.Phase`, which is also told what
+    runs before the first step: `stage`)."""
     _check(sc)
     P = sc.replicas
     collective = _collective(sc)
@@ -174,27 +211,31 @@ def simulate(sc: Scenario, progress=None) -> Result:
     if sc.speed_factors is not None:
         f = np.asarray(sc.speed_factors, dtype=np.float64)
         emulate = f.max() / f
+    say = getattr(progress, "stage", lambda doing: None)      # what runs before the first step, if told
+    say("the policy's first split")
     driver = PolicyDriver(make_policy(sc.policy, sc.replica_speeds, sc.rebalance_interval, sc.balance_options),
                           sc.global_batch, P, devices=sc.devices)
     sizes = driver.sizes
+    say("the step model of the first split")
     model = _model(sc, sizes, collective, emulate)
     var = Variability(P, sc.noise, sc.stragglers, sc.seed)
-    rebalances = 0
+    rebalances = 0                     # re-splits during training; the first split (a probe's) is not one
+    first_split = "initial_sizes"
     if driver.wants_costs:
+        say("the policy's probe of every replica's t_i(b)")
         new = driver.probe_costs(SimProbe(sc, collective, emulate))
         if new is not None and new != sizes:
-            sizes = new
+            sizes, first_split = new, "probe"
             model = _model(sc, sizes, collective, emulate)
-            rebalances += 1
     elif driver.wants_probe:
         # the launcher's probe times each replica alone at its starting split before training: its speed
         # there, in samples/s, from the same compute model (without noise: a probe takes a median)
         alone = model.compute_alone if model.emulate is None else np.maximum(model.compute_alone, model.emulate)
         new = driver.probed(model.sizes / np.maximum(alone, 1e-300))
         if new is not None and new != sizes:
-            sizes = new
+            sizes, first_split = new, "probe"
             model = _model(sc, sizes, collective, emulate)
-            rebalances += 1
+    say("the first step")
     steps = np.zeros(sc.steps)
     compute_sum, wait_sum = np.zeros(P), np.zeros(P)
     for s in range(sc.steps):
@@ -202,7 +243,7 @@ def simulate(sc: Scenario, progress=None) -> Result:
         steps[s] = t
         compute_sum += compute
         wait_sum += wait
-        new = driver.after_step(s, compute, wait)
+        new = driver.after_step(s, compute, wait) if driver.listens else None
         if new is not None and list(new) != sizes:
             sizes = list(new)
             model = _model(sc, sizes, collective, emulate)
@@ -214,7 +255,7 @@ def simulate(sc: Scenario, progress=None) -> Result:
     spe = sharding.steps_in_epoch(sc.samples, sc.global_batch, sc.steps_per_epoch)
     return Result(sc, steps, sizes, compute_sum / sc.steps, wait_sum / sc.steps, rebalances, spe,
                   extra={"compute_alone": model.compute_alone if model.emulate is None else
-                         np.maximum(model.compute_alone, model.emulate)})
+                         np.maximum(model.compute_alone, model.emulate), "first_split": first_split})
 
 
 def best_partition(sc: Scenario):

@@ -6,7 +6,8 @@
 and `pydtnn.parallel.DataParallel` do it: bound to rank 0 of P, the initial split, checked
 (`balance.check_split`) and put in `policy.sizes`; the probe a policy asks for before the first step (the
 FPM's `probe_costs(probe)`, timed by the step model, or the constant model's `probed(B, speeds, caps)`);
-then after every step `after_step(step, report)` with the step's `StepReport`, each new split checked. A
+then after every step `after_step(step, report)` with the step's `StepReport` (only to a policy that
+listens: one without `after_step` is told nothing, as in the launcher), each new split checked. A
 user's policy that raises is one line plus its own frames (`pydtnn.parallel.balance.policy_calls`).
 """
 from __future__ import annotations
@@ -46,6 +47,12 @@ class PolicyDriver:
     @property
     def wants_costs(self) -> bool:
         return bool(getattr(self.policy, "wants_costs", False))
+
+    @property
+    def listens(self) -> bool:
+        """Whether the policy reads the steps: one that does not (equal, static, fpm) is told nothing, as in the
+        launcher's loop, so no report is built for it."""
+        return bool(getattr(self.policy, "listens", True))
 
     def probed(self, speeds) -> list | None:
         """The constant probe's result (every replica's samples/s before training): the new split, or None."""

@@ -7,7 +7,9 @@
      "update_s": 0.0004,                                              # optimizer step, once per step
      "step_overhead_s": [o0, o1],                                     # launcher's other work: o0 + o1 * b
      "network": {"alpha": 2e-6, "beta": 1e-10, "gamma": 2e-10},       # s, s/byte, s/byte
+     "network_source": "measured: ...",                               # optional: where the network came from
      "network_inter": {...},                                          # optional: between nodes
+     "network_inter_source": "given: ...",                            # optional: where that one came from
      "cores": 2, "threads_per_replica": 1,                            # optional: cores of one node, of a replica
      "contention": {"1": 1.0, "2": 1.1, "3": 2.5},                    # optional: k processes on a node
      "network_oversubscribed": {...}}                                 # optional: more ranks than cores
@@ -79,6 +81,8 @@ class Profile:
     threads_per_replica: int = 1       # threads each replica ran with when the times were measured
     contention: dict = field(default_factory=dict)      # {k processes on a node: compute slowdown}
     network_oversubscribed: Network | None = None
+    network_source: str = ""           # where `network` came from (printed by every run)
+    network_inter_source: str = ""     # where `network_inter` came from
     extra: dict = field(default_factory=dict)
 
     def contention_factor(self, k: int) -> float:
@@ -135,8 +139,12 @@ class Profile:
                                                       self.bn_channels, self.forward_s, self.backward_s)],
              "update_s": float(self.update_s), "step_overhead_s": [float(x) for x in self.step_overhead_s],
              "network": vars(self.network).copy()}
+        if self.network_source:
+            d["network_source"] = self.network_source
         if self.network_inter is not None:
             d["network_inter"] = vars(self.network_inter).copy()
+            if self.network_inter_source:
+                d["network_inter_source"] = self.network_inter_source
         if self.cores:
             d["cores"] = int(self.cores)
         d["threads_per_replica"] = int(self.threads_per_replica)
@@ -195,9 +203,13 @@ class Profile:
             raise ConfigError(f"{where}: contention factors must be > 0 for process counts >= 1, cores >= 0, "
                               f"threads_per_replica >= 1")
         over = d.get("network_oversubscribed")
+        sources = {k: d.get(k, "") for k in ("network_source", "network_inter_source")}
+        if not all(isinstance(v, str) and len(v) <= 1000 for v in sources.values()):
+            raise ConfigError(f"{where}: network_source and network_inter_source must be text (at most 1000 "
+                              f"characters)")
         known = {"format", "model", "source", "device", "dtype_bytes", "batch_points", "layers", "update_s",
                  "step_overhead_s", "network", "network_inter", "cores", "threads_per_replica", "contention",
-                 "network_oversubscribed"}
+                 "network_oversubscribed", "network_source", "network_inter_source"}
         return cls(model=str(d.get("model", "")), batch_points=points, layer_names=names, layer_types=types,
                    param_bytes=pbytes, bn_channels=bn, forward_s=fwd, backward_s=bwd,
                    network=Network.from_dict(d.get("network"), f"{where}: network"),
@@ -206,7 +218,7 @@ class Profile:
                    dtype_bytes=int(d.get("dtype_bytes", 4)), source=str(d.get("source", "hand")),
                    device=str(d.get("device", "")), cores=cores, threads_per_replica=threads, contention=contention,
                    network_oversubscribed=None if over is None else Network.from_dict(
-                       over, f"{where}: network_oversubscribed"),
+                       over, f"{where}: network_oversubscribed"), **sources,
                    extra={k: v for k, v in d.items() if k not in known})
 
 

@@ -23,16 +23,19 @@ def summary_text(result, best=None, max_rows=16) -> str:
              f"step time   {result.step_seconds * 1e3:.3f} ms  (median {np.median(result.step_times) * 1e3:.3f}, "
              f"p95 {np.percentile(result.step_times, 95) * 1e3:.3f})",
              f"epoch time  {result.epoch_seconds:.3f} s  ({result.steps_per_epoch} steps)",
-             f"scaling efficiency {100 * eff:.1f} %   rebalances {result.rebalances}"]
+             f"scaling efficiency {100 * eff:.1f} %   rebalances {result.rebalances} (re-splits during training"
+             + ("; the first split was the policy's probe)" if result.extra.get("first_split") == "probe" else ")")]
     if best is not None:
         sizes, t = best
         shown = sizes if len(sizes) <= 16 else f"{sizes[:8]} ... (min {min(sizes)}, max {max(sizes)})"
         lines.append(f"best partition {shown}: {t * 1e3:.3f} ms per step without noise")
     lines.append(f"{'replica':>7} {'b_i':>6} {'compute ms':>11} {'wait ms':>9} {'wait %':>7}")
-    rows = result.per_replica
-    pick = rows if len(rows) <= max_rows else rows[:max_rows // 2] + rows[-max_rows // 2:]
-    for i, r in enumerate(pick):
-        if len(rows) > max_rows and i == max_rows // 2:
+    P = len(result.sizes)
+    shown = list(range(P)) if P <= max_rows else [*range(max_rows // 2), *range(P - max_rows // 2, P)]
+    for i, k in enumerate(shown):                  # the rows shown only: 10^7 replicas are not 10^7 dicts here
+        r = {"replica": k, "b_i": int(result.sizes[k]), "compute_s": float(result.compute_s[k]),
+             "wait_s": float(result.wait_s[k])}
+        if P > max_rows and i == max_rows // 2:
             lines.append(f"{'...':>7}")
         busy = r["compute_s"] + r["wait_s"]
         lines.append(f"{r['replica']:>7} {r['b_i']:>6} {r['compute_s'] * 1e3:>11.3f} {r['wait_s'] * 1e3:>9.3f} "
@@ -78,7 +81,8 @@ def to_json(result, best=None, sweep=None) -> dict:
            "step_seconds_p95": float(np.percentile(result.step_times, 95)),
            "scaling_efficiency": scaling_efficiency(result), "replicas": sc.replicas,
            "global_batch_size": sc.global_batch, "policy": sc.policy, "network_alg": sc.algorithm,
-           "non_blocking_mpi": sc.non_blocking, "rebalances": result.rebalances, "sizes": list(result.sizes),
+           "non_blocking_mpi": sc.non_blocking, "rebalances": result.rebalances,
+           "first_split": result.extra.get("first_split", "initial_sizes"), "sizes": list(result.sizes),
            "per_replica": result.per_replica}
     if best is not None:
         doc["best_partition"] = {"sizes": best[0], "step_seconds": best[1]}

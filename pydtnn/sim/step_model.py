@@ -34,8 +34,9 @@ from __future__ import annotations
 import numpy as np
 
 from pydtnn.sim.collectives import allreduce_seconds
+from pydtnn.sim.kinds import row_kinds
 
-__all__ = ["StepModel", "Collective"]
+__all__ = ["StepModel", "Collective", "profile_groups"]
 
 
 class Collective:
@@ -54,34 +55,50 @@ class Collective:
         return allreduce_seconds(self.algorithm, nbytes, self.P, *params)
 
 
+def profile_groups(profiles):
+    """(distinct profiles, index (P,)): replica i has profile ``distinct[index[i]]`` (the same object may repeat:
+    10^7 replicas of one profile are one group, found in linear time)."""
+    ids = np.fromiter(map(id, profiles), dtype=np.int64, count=len(profiles))
+    index, first = row_kinds(ids)
+    return [profiles[i] for i in first.tolist()], index
+
+
 class StepModel:
-    """Built once per split (sizes); `step(factors)` simulates one step for per-replica factors (P,)."""
+    """Built once per split (sizes); `step(factors)` simulates one step for per-replica factors (P,).
+
+    Replicas alike (profile, local batch, contention, scale: `kinds.row_kinds`) share their per-layer timeline,
+    computed once per kind: memory and time grow with P only through (P,)- and (P, points)-arrays."""
 
     def __init__(self, profiles, sizes, collective: Collective, *, non_blocking=False, sync_bn=False,
-                 bucket_bytes=1 << 20, emulate=None, update_s=None, contention=None, scale=None):
+                 bucket_bytes=1 << 20, emulate=None, update_s=None, contention=None, scale=None, groups=None):
         self.sizes = np.asarray(sizes, dtype=np.float64)
         P = self.sizes.size
         slow = np.ones(P) if contention is None else np.asarray(contention, dtype=np.float64)
+        distinct, which = profile_groups(profiles) if groups is None else groups
+        self.kind, rep = row_kinds(which, self.sizes, slow, None if scale is None else scale)
+        K = rep.size
         first = profiles[0]
         L = len(first.layer_names)
-        fwd, bwd = np.zeros((P, L)), np.zeros((P, L))
-        for prof in {id(p): p for p in profiles}.values():
-            rows = np.array([i for i, p in enumerate(profiles) if p is prof])
-            fwd[rows], bwd[rows] = prof.layer_seconds(self.sizes[rows])
-        fwd *= slow[:, None]
-        bwd *= slow[:, None]
+        fwd, bwd = np.zeros((K, L)), np.zeros((K, L))
+        pre = np.zeros(K)
+        rep_group, rep_b, rep_slow = which[rep], self.sizes[rep], slow[rep]
+        for g, prof in enumerate(distinct):
+            rows = np.flatnonzero(rep_group == g)
+            if rows.size:
+                fwd[rows], bwd[rows] = prof.layer_seconds(rep_b[rows])
+                o0, o1 = prof.step_overhead_s
+                # the launcher's per-step work besides compute and reduction (batch, targets, metrics)
+                pre[rows] = (o0 + o1 * rep_b[rows]) * rep_slow[rows]
+        fwd *= rep_slow[:, None]
+        bwd *= rep_slow[:, None]
         if scale is not None:              # a run's cost model: each replica's compute scaled to its t_i(b_i)
-            fwd *= np.asarray(scale, dtype=np.float64)[:, None]
-            bwd *= np.asarray(scale, dtype=np.float64)[:, None]
+            rep_scale = np.asarray(scale, dtype=np.float64)[rep]
+            fwd *= rep_scale[:, None]
+            bwd *= rep_scale[:, None]
         self.update_s = (first.update_s if update_s is None else update_s) * float(slow.max())
-        # the launcher's per-step work besides compute and reduction (batch, targets, metrics), per replica
-        self.pre = np.zeros(P)
-        for prof in {id(p): p for p in profiles}.values():
-            rows = np.array([i for i, p in enumerate(profiles) if p is prof])
-            o0, o1 = prof.step_overhead_s
-            self.pre[rows] = (o0 + o1 * self.sizes[rows]) * slow[rows]
+        self.pre = pre[self.kind]
         # execution units: forward 0..L-1, then backward L-1..0; cumulative seconds at the end of each
-        units = np.concatenate([fwd, bwd[:, ::-1]], axis=1)                    # (P, 2L)
+        units = np.concatenate([fwd, bwd[:, ::-1]], axis=1)                    # (K, 2L)
         cum = np.cumsum(units, axis=1)
         unit_of_bwd = lambda j: 2 * L - 1 - j                                   # noqa: E731
         points = []                                                             # (unit, kind, payload)
@@ -106,12 +123,12 @@ class StepModel:
         points.append((2 * L - 1, "end", None))
         points.sort(key=lambda p: (p[0], p[1] != "sync"))                     # a barrier first at the same unit
         seg_start = -1
-        within = np.zeros((P, len(points)))
+        within = np.zeros((K, len(points)))
         for k, (u, kind, _) in enumerate(points):
             within[:, k] = cum[:, u] - (cum[:, seg_start] if seg_start >= 0 else 0.0)
             if kind == "sync":
                 seg_start = u
-        self.points, self.within = points, within
+        self.points, self.within_kind = points, within                         # (K, points): per kind
         self.collective = collective
         self.sync_s = {k: collective(p[2]) for k, p in enumerate(points) if p[1] == "sync"}
         self.bucket_s = collective(np.asarray(buckets, dtype=np.float64)) if buckets else np.zeros(0)
@@ -119,7 +136,7 @@ class StepModel:
         # the trainer's per-step stats reduction: loss, metrics, P compute times, 3 flags (float64)
         self.stats_s = float(collective(8.0 * (P + 8))) if P > 1 else 0.0
         self.non_blocking = bool(buckets)
-        self.compute_alone = cum[:, -1].copy()                                 # no noise, no barriers
+        self.compute_alone = cum[:, -1][self.kind]                             # no noise, no barriers
         self.emulate = None
         if emulate is not None:            # (ratio_i = max f / f_i, per-sample time of the reference replicas)
             ratio = np.asarray(emulate, dtype=np.float64)
@@ -127,10 +144,15 @@ class StepModel:
             t_ref = float(np.mean(self.compute_alone[ref] / self.sizes[ref]))
             self.emulate = self.sizes * t_ref * ratio
 
+    @property
+    def within(self) -> np.ndarray:
+        """(P, points): each replica's seconds from the previous barrier to each point, before its factor."""
+        return self.within_kind[self.kind]
+
     def step(self, factors):
         """(step seconds, compute_s (P,), wait_s (P,)) for this step's per-replica factors."""
         f = np.asarray(factors, dtype=np.float64)
-        scaled = self.within * f[:, None]
+        scaled = (self.within_kind[0][None, :] if self.within_kind.shape[0] == 1 else self.within) * f[:, None]
         peak = scaled.max(axis=0)
         g = 0.0
         ready = []

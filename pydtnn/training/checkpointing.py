@@ -141,23 +141,23 @@ def validate_meta(meta, path) -> None:
     if bal is not None:
         _check(isinstance(bal, dict), path, "balancer", "null or an object", bal)
     if isinstance(bal, dict) and not ("ema" in bal or "sizes" in bal):     # the FPM dynamic policy's
-        model, window = bal.get("model"), bal.get("window", [])
-        _check(model is None or isinstance(model, dict), path, "balancer.model", "null or an object", model)
-        _check(isinstance(window, list) and all(isinstance(w, list) and all(
-            isinstance(p, list) and len(p) == 2 and all(_is_num(x) for x in p) for p in w) for w in window),
-            path, "balancer.window", "a list of lists of [b, seconds] pairs", window)
-        _check(_is_int(bal.get("n_rebalances", 0)), path, "balancer.n_rebalances", "an integer >= 0",
-               bal.get("n_rebalances"))
+        _check_policy_state(bal, "balancer", path, n)
     elif isinstance(bal, dict):                      # the constant-model balancer's, of older checkpoints
         for key in ("sizes", "ema") + (("window_sum",) if "window" not in bal else ()):
             v = bal.get(key)
             _check(isinstance(v, list) and all(_is_num(x) for x in v), path, f"balancer.{key}", "a list of numbers", v)
+        _check(all(_is_num(v) and v > 0 for v in bal["ema"]), path, "balancer.ema", "a list of speeds > 0", bal["ema"])
+        _check(all(_is_int(v, 1) for v in bal["sizes"]), path, "balancer.sizes", "a list of integers >= 1",
+               bal["sizes"])
         if "window" in bal:          # the current window's observations: one row of n numbers per step
             v = bal["window"]
             _check(isinstance(v, list) and all(isinstance(row, list) and len(row) == n and all(_is_num(x) for x in row)
                                                for row in v), path, "balancer.window", f"a list of rows of {n} numbers", v)
         for key in ("n_observed", "n_rebalances") + (("window_n",) if "window" not in bal else ()):
             _check(_is_int(bal.get(key)), path, f"balancer.{key}", "an integer >= 0", bal.get(key))
+    state = meta.get("balance_policy_state")
+    if meta.get("balance_policy") == "fpm" and state is not None:      # a built-in's (a user's is the user's)
+        _check_policy_state(state, "balance_policy_state", path, n)
     if meta["step"] > 0:                              # written inside an epoch: the partial epoch's sums
         part = get("partial_epoch")
         _check(isinstance(part, dict), path, "partial_epoch", "an object (the checkpoint is mid-epoch)", part)
@@ -169,3 +169,13 @@ def validate_meta(meta, path) -> None:
                "a non-empty list of numbers", sums)
         _check(meta["step"] < part["steps_per_epoch"], path, "step",
                f"below partial_epoch.steps_per_epoch ({part['steps_per_epoch']})", meta["step"])
+
+
+def _check_policy_state(state, key, path, nreplicas):
+    """The fpm or dynamic policy's state (its cost model, window, noise; `pydtnn.parallel.balance.policy_state`):
+    types, finiteness and ranges, the first problem named as the checkpoint's field."""
+    from pydtnn.parallel.balance.policy_state import state_problem
+    problem = state_problem(state, nreplicas)
+    if problem:
+        field, expected, value = problem
+        _check(False, path, key if field == "(top level)" else f"{key}.{field}", expected, value)

@@ -25,7 +25,7 @@ from pydtnn.observe.timeline import Timeline, write_chrome_trace
 from pydtnn.observe.timing import ReplicaStats, StepTimer
 from pydtnn.parallel import sharding, step_graphs
 from pydtnn.parallel.balance.policies import make_policy
-from pydtnn.parallel.balance.probe import probe_split
+from pydtnn.parallel.balance.probe import ProbeStopped, agree_on_emulated_base, probe_split
 from pydtnn.parallel.comm import SerialComm, raise_together
 from pydtnn.parallel.data_parallel import DataParallel
 from pydtnn.parallel.emulation import SpeedEmulator
@@ -35,7 +35,7 @@ from pydtnn.training.evaluation import evaluate_split
 from pydtnn.training.loop_callbacks import HistoryWriter, ProgressBar
 from pydtnn.training.options import grouped
 from pydtnn.training.output_rescue import OutputRescue
-from pydtnn.training.preemption import Preempted, StepCheckpoints
+from pydtnn.training.preemption import Preempted, StepCheckpoints, StoppedBeforeTraining
 from pydtnn.training.step import TrainerStep
 from pydtnn.training.step_insight import StepInsight
 from pydtnn.training.tokens import tokens_per_sample
@@ -112,6 +112,7 @@ class Trainer:
         self.checkpoints = StepCheckpoints(ckpt.checkpoint_dir, ckpt.save_steps, ckpt.save_minutes,
                                            ckpt.handle_signals, ckpt.clock)
         self.checkpoints.rank = self.rank
+        emulator.interrupted = lambda: self.checkpoints.signum is not None    # a padded step ends on a signal
         self.outputs = OutputRescue(self.comm, self.checkpoints, self.callback_order)
         self.start_step = 0            # steps already done inside start_epoch (a mid-epoch checkpoint)
         self.resumed_partial = None    # that epoch's partial sums
@@ -124,6 +125,7 @@ class Trainer:
         self.layer_profile = self.insight.layer_profile      # --profile_layers: the per-layer time table
         self.tokens_per_sample = tokens_per_sample(dataset, self.loss)   # a language model's: tokens/s, perplexity
         self.run_first_step = None        # (seconds, samples) of this run's first step: it compiles, left out of rates
+        self.probe_s = None               # seconds of the probe before training, where one ran (the report's)
 
     def _step_graphs(self, model, par, out):
         """--cuda_graphs: this replica's StepGraphs (None on a CPU replica of a mixed job); ConfigError where
@@ -165,10 +167,31 @@ class Trainer:
         return record
 
     def probe_split(self):
-        """The balance policy's probe before training, where it asks for one (`pydtnn.parallel.balance.probe`);
-        nothing when the split came from a checkpoint."""
-        if not self.restored_split:
-            probe_split(self.dp, self.dataset.train, self.seed)
+        """Before training, under the signal handlers: the emulated devices' base time (--emulate_costs'
+        factors) and the balance policy's probe, where it asks for one (`pydtnn.parallel.balance.probe`;
+        nothing when the split came from a checkpoint). Its seconds are in the report; a signal stops every
+        rank here, nothing trained (`StoppedBeforeTraining`)."""
+        began = time.perf_counter()
+        with self.checkpoints.signal_handlers():
+            self.agree_on_emulation()
+            try:
+                ran = not self.restored_split and probe_split(self.dp, self.dataset.train, self.seed,
+                                                              stop=self.checkpoints.pending)
+            except ProbeStopped as e:
+                raise StoppedBeforeTraining(e.signum, self.checkpoints.latest,
+                                            self.checkpoints.launcher_ending) from None
+        if ran:
+            self.probe_s = time.perf_counter() - began
+
+    def agree_on_emulation(self):
+        """--emulate_costs' factor form: every rank agrees on the base time per sample, once, and rank 0 says
+        it (`pydtnn.parallel.balance.probe.agree_on_emulated_base`; a collective, nothing where no factor)."""
+        try:
+            line = agree_on_emulated_base(self.dp, self.dataset.train, self.seed, stop=self.checkpoints.pending)
+        except ProbeStopped as e:
+            raise StoppedBeforeTraining(e.signum, self.checkpoints.latest, self.checkpoints.launcher_ending) from None
+        if line:
+            self.log(line)
 
     # --- epochs -----------------------------------------------------------------------------------------
     def fit(self, num_epochs):
@@ -188,6 +211,7 @@ class Trainer:
         self.last_point = None
         try:
             with self.checkpoints.signal_handlers(), contextlib.closing(self.step_runner.prefetcher), bar:
+                self.agree_on_emulation()        # where probe_split did not (a Trainer of your own)
                 call(callbacks, "on_train_begin", self)
                 self.agree_on_outputs()          # a full disk at start-up: refused before the first step
                 for epoch in range(self.start_epoch, num_epochs):
@@ -271,7 +295,10 @@ class Trainer:
             rate, why = samples / max(self.elapsed, 1e-9), "one step: its compilation included"
         tokens = f" = {rate * self.tokens_per_sample:,.0f} tokens/s" if self.tokens_per_sample else ""
         peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        return [f"training time: {self.elapsed:.2f} s over {self.epochs_run} epoch(s)",
+        # the probe's seconds are the run's too: a comparison of policies on training time alone favours probing
+        probe = ([f"probe before training: {self.probe_s:.2f} s ({self.policy.name}); probe + training: "
+                  f"{self.probe_s + self.elapsed:.2f} s"] if self.probe_s is not None else [])
+        return [f"training time: {self.elapsed:.2f} s over {self.epochs_run} epoch(s)", *probe,
                 f"time per epoch: {self.elapsed / max(self.epochs_run, 1):.2f} s",
                 f"throughput: {rate:.1f} samples/s{tokens} (all replicas; {why})",
                 f"peak host memory (rank 0): {peak_mib:.0f} MiB"]

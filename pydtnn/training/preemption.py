@@ -8,6 +8,11 @@ included), and the loop raises `Preempted`. A second Ctrl-C stops at once (Keybo
 that never ends. The timed cadence follows rank 0's clock, agreed on the same way; the step cadence counts
 global steps. Only the newest cadence checkpoint is kept: long runs would otherwise fill the disk.
 
+The handlers are in force from the probe before training on (`Trainer.probe_split`): a signal there stops
+every rank together before any training step (`StoppedBeforeTraining`: nothing was trained, so nothing is
+written; the exit status is a preemption's), and an emulated step's padding returns early on it
+(`pydtnn.parallel.emulation`), so even a step emulated as very slow ends within a second of a signal.
+
 Open MPI's launcher, when it is sent SIGTERM or SIGINT, gives the ranks SIGCONT, SIGTERM a quarter of a
 second later and SIGKILL after another quarter (`pydtnn.parallel.runtime.shutdown`), and forwards nothing
 they print: a stop signal that follows a SIGCONT within a second is that launcher ending the job, and rank 0
@@ -37,6 +42,18 @@ class Preempted(Exception):
         self.launcher_ending = launcher_ending     # Open MPI's launcher is ending the job (it drops our output)
         super().__init__(f"{signal.Signals(signum).name} received: checkpoint written to {path} "
                          f"(after epoch {epoch}, step {step} of {steps_per_epoch}); continue with --resume {path}")
+
+
+class StoppedBeforeTraining(Preempted):
+    """A signal during the probe before training: every rank stopped together, nothing trained, nothing written."""
+
+    def __init__(self, signum, latest=None, launcher_ending=False):
+        self.signum, self.path, self.epoch, self.step, self.steps_per_epoch = signum, latest, 0, 0, 0
+        self.launcher_ending = launcher_ending
+        again = (f"continue with --resume {latest} (its latest checkpoint)" if latest else
+                 "run the same command again")
+        Exception.__init__(self, f"{signal.Signals(signum).name} received during the balance probe, before "
+                                 f"training: nothing was trained and no checkpoint was written; {again}")
 
 
 class StepCheckpoints:
@@ -90,6 +107,10 @@ class StepCheckpoints:
                               f"within a second: the checkpoint of this step goes into {self.checkpoint_dir} if "
                               f"there is time; the latest written is {self.latest or 'none'} (to stop with a "
                               f"checkpoint under Open MPI, send SIGUSR1 to mpirun)")
+
+    def pending(self) -> int:
+        """The number of a signal this rank received and has not acted on yet, or 0."""
+        return int(self.signum or 0)
 
     def local_flags(self, rank):
         """This rank's flags for the step's record: a signal arrived here; (rank 0) a timed checkpoint is due."""

@@ -50,14 +50,16 @@ def run(cmd, folder, how, timeout, env=None, signal_after=None) -> Result:
     t0 = time.monotonic()
     proc = subprocess.Popen([str(c) for c in cmd], cwd=folder, env=_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    out = []
+    out, stamps = [], []
     try:
         if signal_after:
             needle, delay, signum = signal_after
             for line in proc.stdout:
                 out.append(line)
+                stamps.append((time.monotonic() - t0, line.rstrip("\n")))    # when each line came
                 if needle in line:
                     time.sleep(delay)
+                    stamps.append((time.monotonic() - t0, f"(the sweep sent signal {int(signum)})"))
                     os.killpg(proc.pid, signum)
                     break
         rest_out, err = proc.communicate(timeout=max(1.0, timeout - (time.monotonic() - t0)))
@@ -71,7 +73,8 @@ def run(cmd, folder, how, timeout, env=None, signal_after=None) -> Result:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return Result(rc, "".join(out) + rest_out, err, time.monotonic() - t0, Path(folder), how)
+    return Result(rc, "".join(out) + rest_out, err, time.monotonic() - t0, Path(folder), how,
+                  {"stamps": stamps})
 
 
 class Context:

@@ -36,16 +36,17 @@ class Case:
     mpi: bool = False
     part: int = 1
     how: str = "sequential"
+    ranks: int = 2             # under mpiexec: how many
 
 
 CASES: list[Case] = []
 
 
-def case(section, title, promise, mpi=(False,), part=1, how="sequential"):
-    """Register ``check`` once per entry of ``mpi`` (False: sequential, True: under mpiexec -n 2)."""
+def case(section, title, promise, mpi=(False,), part=1, how="sequential", ranks=2):
+    """Register ``check`` once per entry of ``mpi`` (False: sequential, True: under mpiexec -n ``ranks``)."""
     def register(check):
         for m in mpi:
-            CASES.append(Case(section, title, promise, check, m, part, how))
+            CASES.append(Case(section, title, promise, check, m, part, how, ranks))
         return check
     return register
 
@@ -222,7 +223,7 @@ for _policy, _needle in (("AtStart", "initial_sizes failed: ZeroDivisionError"),
         ctx.write("pol.py", POLICIES)
         r = ctx.simulate(["run", "--model", "simplemlp", "--global_batch_size", "64", "--replicas", "4", "--balance",
                           f"pol.py:{policy}", "--steps", "3"])
-        return one_line(r, needle, frames=4)
+        return one_line(r, needle, before_work=False, frames=4)     # stdout: what it models, said first
 
 for _fn in ("short", "nan", "none", "text", "nested", "raises"):
     @case(ONE, f"a --gradient_weighting function that returns {_fn}", "refused before work (the function called "
@@ -683,8 +684,9 @@ for _title, _change, _needle in (("different sample counts", "n = 64 + 16 * RANK
       how="pydtnn-simulate")
 def _(ctx):
     r = run([sys.executable, "-m", "pydtnn.sim", "run", "--model", "simplemlp", "--global_batch_size", "20000000",
-             "--replicas", "10000000", "--steps", "1"], ctx.folder, "pydtnn-simulate", 30)
-    told = next((l for l in r.err.splitlines() if "replicas" in l and " of memory (the same run at " in l), None)
+             "--samples", "20000000", "--replicas", "10000000", "--steps", "1"], ctx.folder, "pydtnn-simulate", 30)
+    told = next((l for l in (r.out + r.err).splitlines() if "replicas" in l and " of memory (the same run at " in l),
+                None)
     if r.rc is None and told:           # still running after 30 s (it takes minutes), having said how long
         return True, f"said, then stopped by the sweep at {r.seconds:.0f} s: {told}"
     return r.rc is not None, said(r)

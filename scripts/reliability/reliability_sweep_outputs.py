@@ -327,8 +327,9 @@ def cases():
                  lambda folder, a=args: _communicate(a, folder, _env(folder)),
                  one_line(needles=["replicas needs about", "more than this machine's"])))
     add(Case(H, "pydtnn-simulate --replicas 1000000 --steps 100 --balance dynamic", "progress and the time left",
-             lambda folder: _communicate([*sim, "--global_batch_size", "4000000", "--replicas", "1000000",
-                                          "--steps", "100", "--balance", "dynamic", "--json"], folder,
+             lambda folder: _communicate([*sim, "--global_batch_size", "4000000", "--samples", "4000000",
+                                          "--replicas", "1000000", "--steps", "100", "--balance", "dynamic", "--json"],
+                                         folder,
                                          _env(folder, PYDTNN_PROGRESS_INTERVAL_S=5)),
              lambda folder, st, out, err: (st == 0 and "s left" in err,
                                            f"exit {st}, {len(err.splitlines())} progress lines, last "

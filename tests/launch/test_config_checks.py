@@ -222,3 +222,57 @@ def test_the_line_for_a_difference_names_the_flag_and_each_ranks_value():
     assert line.startswith("the ranks were started with different flags: --num_epochs is 2 on ranks 0-1 and 3 on "
                            "rank 2")
     assert "3 on ranks 1,3" in agreement.describe_difference("--seed", ["0", "3", "0", "3"])
+
+
+# ----------------------------------------------------------------------- nothing accepted and ignored
+
+@pytest.mark.parametrize("args, nreplicas, needle", [
+    # issue 46: a CPU-only run trained in fp32 while it said tf32
+    (["--precision", "tf32"], 1, "--precision tf32 sets a GPU's float32 math, and no replica of this run is on a GPU"),
+    (["--precision", "fp32_strict"], 1, "--precision fp32_strict sets a GPU's float32 math"),
+    (["--parallel", "data", "--precision", "tf32"], 3, "no replica of this run is on a GPU"),
+    (["--parallel", "data", "--precision", "tf32", "--devices", "cpu,cpu"], 2, "no replica of this run is on a GPU"),
+    # --balance without --parallel data was ignored while --balance_options there was refused
+    (["--balance", "fpm"], 1, "--balance fpm splits the global batch among replicas: it needs --parallel data"),
+    (["--balance", "static"], 1, "--balance static splits the global batch"),
+    (["--balance_options", "points=5"], 1, "--balance_options is used by --parallel data only"),
+    # emulation values beyond their documented ranges, refused before any work
+    (["--parallel", "data", "--emulate_costs", "1e400ms+1.0,0+1"], 2, "1e400ms is not a finite number"),
+    (["--parallel", "data", "--emulate_costs", "31536000s+1.0,0+1"], 2, "the fixed part per step must be at most 60 s"),
+    (["--parallel", "data", "--emulate_costs", "0+1e6,0+1"], 2, "a factor per sample must be in [1, 1000]"),
+    (["--parallel", "data", "--emulate_schedule", "1:1e999@0-10"], 2, "1 <= FACTOR <= 1000"),
+    (["--parallel", "data", "--emulate_speeds", "1,1e-300"], 2, "the slowest replica would be 1e+300 times slower"),
+])
+def test_what_would_be_ignored_or_unbounded_is_refused_in_configure(args, nreplicas, needle):
+    with pytest.raises(ConfigError) as e:
+        cc.configure(parse_args(args), nreplicas)
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_gpu_replica_takes_any_precision_and_fp32_is_everyones():
+    for args in (["--precision", "tf32", "--enable_gpu", "true"], ["--precision", "fp32"], []):
+        assert cc.configure(parse_args(args), 1).devices in (["gpu"], ["cpu"])
+    mixed = cc.configure(parse_args(["--parallel", "data", "--precision", "tf32", "--devices", "gpu,cpu"]), 2)
+    assert mixed.devices == ["gpu", "cpu"]
+    assert cc.configure(parse_args(["--balance", "none"]), 1).policy.name == "equal"
+
+
+@pytest.mark.parametrize("flag, stored, needle", [
+    ("emulate_costs", "0+1e9s,0+1", "a time per sample must be at most 10 s"),
+    ("emulate_costs", "3e7s+1,0+1", "the fixed part per step must be at most 60 s"),
+    ("emulate_schedule", "1:1e6@0-10", "1 <= FACTOR <= 1000"),
+    ("emulate_speeds", [1.0, 1e-6], "the slowest replica would be 1e+06 times slower"),
+])
+def test_a_checkpoints_emulation_is_checked_when_restored(flag, stored, needle):
+    """--restore_emulation true takes the checkpoint's --emulate_* values: within the command line's ranges, or one
+    line naming the checkpoint and the field (a step of years once came back from a checkpoint)."""
+    p = parse_args(["--resume", "ck.npz", "--restore_emulation", "true", "--parallel", "data"])
+    saved = {flag: stored}
+    with pytest.raises(CheckpointError) as e:
+        cc.merge_resumed_flags(build_parser(), p, frozenset({"resume", "restore_emulation", "parallel"}), saved,
+                               "ck.npz")
+    assert str(e.value).startswith(f"checkpoint ck.npz: metadata field 'flags.{flag}' (restored by "
+                                   f"--restore_emulation true): ") and needle in str(e.value), str(e.value)
+    p = parse_args(["--resume", "ck.npz", "--parallel", "data"])      # not restored: not read, one line says so
+    _, _, lines = cc.merge_resumed_flags(build_parser(), p, frozenset({"resume", "parallel"}), saved, "ck.npz")
+    assert any("this run does not (--restore_emulation true would)" in line for line in lines)

@@ -44,7 +44,7 @@ def test_divergence_mid_training_is_one_error_line_and_status_2():
     assert r.returncode == 2, describe(r)
     errors = [l for l in output_of_our_processes(r) if "error" in l.lower() or "Traceback" in l]
     assert len(errors) == 1 and errors[0].startswith("pydtnn: error: ") and "loss became" in errors[0], describe(r)
-    assert "PyDTNN parameters" in r.stdout          # the log up to the failure is kept
+    assert "model: simplecnn" in r.stdout          # the log up to the failure is kept
 
 
 def test_mpi4py_on_another_mpi_than_the_launcher_is_an_error_not_n_sequential_runs():
@@ -97,8 +97,8 @@ def test_the_log_is_one_stream_in_order_and_progress_is_plain_lines(tmp_path):
         r = subprocess.run(cmd, stdout=out, stderr=err, env=env, timeout=180, cwd=tmp_path)
     text, errors = log.read_text(), (tmp_path / "err.log").read_text()
     assert r.returncode == 0, text + errors
-    order = ["PyDTNN parameters", "Total parameters", "threads per replica:", "epoch 1:", "rank    b_i", "epoch 2:",
-             "training time:", "throughput:"]
+    order = ["model: simplecnn", "global batch 32 split as", "threads per replica:", "epoch 1:", "rank    b_i",
+             "epoch 2:", "training time:", "throughput:"]
     positions = [text.find(marker) for marker in order]
     assert -1 not in positions and positions == sorted(positions), (positions, text)
     assert "\r" not in errors and "\r" not in text

@@ -42,6 +42,11 @@ CASES = {
                                 "--evaluate_only", "true"], "no test split to evaluate on"),
     "evaluate an empty test split": (["--dataset", "empty_test.py", "--evaluate_only", "true"],
                                      "no test split to evaluate on"),
+    # issue 46: accepted and ignored, or without a bound
+    "tf32 on a CPU-only run": (["--precision", "tf32"], "--precision tf32 sets a GPU's float32 math"),
+    "fpm without --parallel data": (["--balance", "fpm"], "it needs --parallel data"),
+    "an emulated fixed cost of a year": (["--emulate_costs", "31536000s+1.0"], "at most 60 s"),
+    "an infinite emulated schedule factor": (["--emulate_schedule", "0:1e999@0-2"], "1 <= FACTOR <= 1000"),
 }
 
 
@@ -75,6 +80,19 @@ def test_under_mpiexec_no_epochs_is_one_line_on_every_rank():
     r = run_mpi(2, LAUNCHER, [*FAST, "--parallel", "data", "--num_epochs", "0"], timeout=120)
     lines = output_of_our_processes(r)
     assert r.returncode == 2 and len(lines) == 1 and "--num_epochs 0 trains nothing" in lines[0], describe(r)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("args, needle", [
+    (["--precision", "tf32"], "--precision tf32 sets a GPU's float32 math, and no replica of this run is on a GPU"),
+    (["--emulate_costs", "1e400ms+1.0,0+1.0"], "--emulate_costs '1e400ms+1.0': 1e400ms is not a finite number"),
+    (["--emulate_costs", "0+1.0,0+1e6"], "a factor per sample must be in [1, 1000]"),
+])
+def test_under_mpiexec_ignored_or_unbounded_values_are_one_line_on_every_rank(args, needle):
+    r = run_mpi(2, LAUNCHER, [*FAST, "--parallel", "data", *args], timeout=120)
+    lines = output_of_our_processes(r)
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("pydtnn: error: ") and needle in lines[0], \
+        describe(r)
 
 
 def test_a_resume_alone_takes_an_empty_flag_of_its_run_as_empty(tmp_path):

@@ -46,8 +46,11 @@ def test_the_worked_policy_through_the_launcher(tmp_path):
                  "--global_batch_size", 256, "--synthetic_samples", 256 * 10, "--num_epochs", 2],
                 timeout=180, env={"VIRTUAL_COST_S": 1e-4})
     assert r.returncode == 0, describe(r)
-    splits = re.findall(r"re-split after step \d+: \[[0-9, ]+\] -> \[([0-9, ]+)\] \(affine fits", r.stdout)
-    assert splits, r.stdout
+    found = re.findall(r"re-split after step (\d+): \[[0-9, ]+\] -> \[([0-9, ]+)\] \(affine fits", r.stdout)
+    assert found, r.stdout
+    # it returns a split only when (step + 1) % 5 == 0: the announcement says step + 1, as the doc says
+    assert all(int(step) % 5 == 0 for step, _ in found), r.stdout
+    splits = [split for _, split in found]
     last = [int(v) for v in splits[-1].split(",")]
     assert TRUTH.makespan(last) <= 1.02 * TRUTH.makespan(equal_finish(256, TRUTH)), r.stdout
     assert np.all(np.array(last) > 0)

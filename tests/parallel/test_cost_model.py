@@ -67,9 +67,9 @@ def test_adding_and_scaling_points():
     assert cost.points == {10: 0.01, 20: 0.03}
     cost.scale(2.0)                                         # a device twice as slow: every point
     assert cost.points == {10: 0.02, 20: 0.06}
-    with pytest.raises(ConfigError, match="b >= 1 and finite seconds > 0"):
+    with pytest.raises(ConfigError, match=r"b an integer in \[1, 10\^9\] and seconds a finite number"):
         cost.add(0, 1.0)
-    with pytest.raises(ConfigError, match="finite seconds"):
+    with pytest.raises(ConfigError, match="finite number"):
         cost.add(5, float("nan"))
 
 
@@ -87,17 +87,71 @@ def test_the_model_is_plain_data(tmp_path):
     assert lines[0].startswith("replica 0 (gpu): points b:ms 8:40 64:50; affine") and "flagged" in lines[0]
 
 
+GOOD = {"format": "pydtnn-cost-model/1", "devices": ["cpu", "gpu"],
+        "replicas": [{"points": [[8, 0.01], [16, 0.02]]}, {"points": [[8, 0.04]], "flagged": [[8, 0.5]]}]}
+
+
+def _bad(**change):
+    state = json.loads(json.dumps(GOOD))
+    for where, value in change.items():
+        target, *path = where.split("__")
+        node = state if target == "top" else state["replicas"][int(target[1:])]
+        for key in path[:-1]:
+            node = node[int(key) if key.isdigit() else key]
+        last = path[-1]
+        node[int(last) if last.isdigit() else last] = value
+    return state
+
+
 @pytest.mark.parametrize("state, needle", [
-    ({"format": "other"}, "not a cost model"),
-    ({"format": "pydtnn-cost-model/1", "replicas": [{"points": [[1, -1.0]]}]}, "finite seconds > 0"),
-    ({"format": "pydtnn-cost-model/1", "replicas": [{"points": "x"}]}, "not a cost model of a replica"),
-    ({"format": "pydtnn-cost-model/1", "replicas": [{"points": [[1, 1.0]]}], "devices": ["cpu", "gpu"]},
-     "1 replicas with 2 devices"),
+    ({"format": "other"}, "field 'format' must be 'pydtnn-cost-model/1', got 'other'"),
+    ([GOOD], "field '(top level)' must be an object"),
+    ("pydtnn-cost-model/1", "field '(top level)' must be an object"),
+    (_bad(top__replicas=[]), "field 'replicas' must be a non-empty list"),
+    (_bad(top__replicas={"0": {}}), "field 'replicas' must be a non-empty list"),
+    (_bad(top__devices="cpugpu"), "field 'devices' must be a list of 2 of cpu / gpu"),     # not letter by letter
+    (_bad(top__devices=["cpu", "tpu"]), "field 'devices' must be a list of 2 of cpu / gpu"),
+    (_bad(top__devices=["cpu"]), "field 'devices' must be a list of 2"),
+    (_bad(top__replicas=[["points"], {"points": [[1, 1.0]]}]), "field 'replicas[0]' must be an object"),
+    (_bad(r1__points="x"), "field 'replicas[1].points' must be a non-empty list"),
+    (_bad(r1__points=[]), "field 'replicas[1].points' must be a non-empty list"),
+    (_bad(r0__points__0=[1e300, 0.01]), "field 'replicas[0].points[0]' must be [b, seconds]"),
+    (_bad(r0__points__0=[10 ** 300, 0.01]), "field 'replicas[0].points[0]'"),
+    (_bad(r0__points__0=[8.5, 0.01]), "field 'replicas[0].points[0]'"),
+    (_bad(r0__points__0=[True, 0.01]), "field 'replicas[0].points[0]'"),
+    (_bad(r0__points__1=[16, float("inf")]), "field 'replicas[0].points[1]'"),
+    (_bad(r0__points__1=[16, 1e300]), "field 'replicas[0].points[1]'"),
+    (_bad(r0__points__1=[16, -1.0]), "field 'replicas[0].points[1]'"),
+    (_bad(r0__points__1=[16, "0.02"]), "field 'replicas[0].points[1]'"),
+    (_bad(r0__points__1=[16]), "field 'replicas[0].points[1]'"),
+    (_bad(r1__flagged="x"), "field 'replicas[1].flagged' must be a list"),
+    (_bad(r1__flagged__0=[8, float("nan")]), "field 'replicas[1].flagged[0]'"),
 ])
-def test_a_bad_model_is_one_line(state, needle):
+def test_a_bad_model_is_one_line_naming_the_field(state, needle):
     with pytest.raises(ConfigError) as e:
         CostModel.from_state(state, "checkpoint c.npz")
-    assert needle in str(e.value) and "\n" not in str(e.value)
+    assert str(e.value).startswith("checkpoint c.npz: " + needle) and "\n" not in str(e.value), str(e.value)
+
+
+def test_the_documented_ranges_are_accepted_at_their_ends():
+    state = _bad(r0__points=[[1, 1e-300], [10 ** 9, 86400.0]])
+    assert CostModel.from_state(state).replicas[0].points == {1: 1e-300, 10 ** 9: 86400.0}
+
+
+def test_a_file_is_read_up_to_its_limit():
+    with pytest.raises(ConfigError, match="cannot read the cost model /dev/zero: larger than 64 MiB"):
+        CostModel.load("/dev/zero")
+
+
+def test_noisy_points_are_doubted():
+    steady = ReplicaCost([(8, 0.010), (16, 0.018), (32, 0.034), (64, 0.066)])
+    assert steady.doubts() == []
+    falling = ReplicaCost([(8, 0.150), (23, 0.212), (32, 0.180), (64, 0.400)])    # b=23 above b=32: noise
+    assert falling.doubts()[0] == "its time falls as b grows (b=23: 212 ms, b=32: 180 ms)"
+    scattered = ReplicaCost([(8, 0.100), (16, 0.020), (32, 0.200), (64, 0.050)])
+    assert any("affine fit misses a point by" in d for d in scattered.doubts()) and scattered.residual > 0.25
+    model = CostModel([steady, falling])
+    assert model.doubts() == ["replica 1: " + "; ".join(falling.doubts())]
 
 
 def test_an_unreadable_file_is_one_line(tmp_path):

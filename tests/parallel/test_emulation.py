@@ -71,3 +71,34 @@ def test_full_speed_replica_and_bad_fraction():
     for bad in (0.0, -1.0, 1.5):
         with pytest.raises(ConfigError, match="emulate_speeds"):
             SpeedEmulator(bad)
+
+
+@pytest.mark.parametrize("spin", [False, True])
+def test_a_pending_stop_ends_a_padded_step_within_a_quarter_second(spin):
+    """Issue 46: a step emulated as very slow could not be stopped (the signal flag was read after the step).
+    The pad looks at `interrupted()` at least every CHECK_S and returns early, saying so (`cut_short`)."""
+    from pydtnn.parallel.emulation import CHECK_S, EmulatedCost
+    clock = FakeClock()
+    emu = SpeedEmulator(1.0, spin=spin, clock=clock, sleep=clock.sleep, cost=EmulatedCost(20.0, 1.0, 1e-3))
+    start = clock()
+    emu.interrupted = lambda: clock.now >= start + 5.0         # the signal arrives 5 s into a 20 s step
+    emu.pad(start, 10)
+    assert emu.cut_short and start + 5.0 <= clock.now <= start + 5.0 + CHECK_S + 1e-3
+    assert CHECK_S <= 0.25 and all(s <= CHECK_S + 1e-9 for s in clock.slept)
+    emu.interrupted = lambda: False                             # none: the whole emulated step
+    start = clock()
+    emu.pad(start, 10)
+    assert not emu.cut_short and clock.now == pytest.approx(start + 20.0 + 10 * 1e-3, abs=1e-3)
+
+
+def test_unpadded_passes_run_at_this_machines_speed_and_nest():
+    from pydtnn.parallel.emulation import EmulatedCost
+    clock = FakeClock()
+    emu = SpeedEmulator(1.0, clock=clock, sleep=clock.sleep, cost=EmulatedCost(1.0, 1.0, 1e-3))
+    with emu.unpadded():
+        with emu.unpadded():                                    # a warm-up inside the base's timing
+            pass
+        assert emu.pad(clock(), 10) == 0.0 and emu.t0 == 0.0    # nothing padded, nothing calibrated
+    start = clock()
+    emu.pad(start, 10)
+    assert clock.now == pytest.approx(start + 1.0 + 10e-3, abs=1e-3)

@@ -96,7 +96,7 @@ def test_a_dataset_file_that_differs_between_ranks_is_one_line_before_training(t
     line = one_line(r)
     assert line == (f"pydtnn: error: the ranks loaded different data from --dataset {path}: {needle} (every rank "
                     f"needs the same dataset: the same file and seed, or identical copies on every node)"), line
-    assert "epoch 1" not in r.stdout and "PyDTNN parameters" not in r.stdout      # refused before the banner
+    assert "epoch 1" not in r.stdout and "model: simplemlp" not in r.stdout      # refused before the banner
 
 
 def test_the_same_dataset_file_on_every_rank_trains(tmp_path):

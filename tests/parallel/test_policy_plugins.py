@@ -190,7 +190,7 @@ def test_the_launcher_gives_a_raising_policy_one_line_and_status_2(plugins, cls,
                cwd=plugins)
     assert r.returncode == 2, r.stderr
     user_error(r.stderr, first)
-    assert ("PyDTNN parameters" in r.stdout) is not before_work, r.stdout
+    assert ("model: simplemlp" in r.stdout) is not before_work, r.stdout     # the banner's first line
 
 
 @pytest.mark.parametrize("fn", ["nan", "inf", "text", "nested", "nothing", "flags"])
@@ -237,13 +237,13 @@ def test_a_raising_policy_stops_every_rank_with_its_line(plugins, cls, first):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("cls, when", [("ByRankAtStart", "for the initial split"),
-                                       ("ByRankAfterStep", "after step 3")])
+                                       ("ByRankAfterStep", "in after_step(step=2), after step 3")])
 def test_splits_that_differ_between_ranks_are_refused(plugins, cls, when):
     r = run_mpi(2, LAUNCHER, [*QUICK, "--balance", f"{plugins}/pol.py:{cls}"], timeout=180, env=NO_WAITING)
     lines = mpi_user_error(r, f"balance policy {cls} returned different splits on different ranks {when}")
     assert len(lines) == 1 and "rank 0: " in lines[0] and "rank 1: " in lines[0], lines
     if cls == "ByRankAtStart":
-        assert "PyDTNN parameters" not in r.stdout                        # refused before work
+        assert "model: simplemlp" not in r.stdout                         # refused before work
 
 
 @pytest.mark.mpi

@@ -1,5 +1,6 @@
 """pydtnn-simulate never grows to gigabytes without a word: a simulation that cannot fit in memory is one line
-before anything of its size is allocated, and a long one shows its progress and the time left."""
+before anything of its size is allocated; any run says its first line at once, a long one its time and memory
+before it starts, then its progress and the time left."""
 import tracemalloc
 
 import pytest
@@ -34,7 +35,6 @@ def test_what_fits_runs(monkeypatch, capsys):
 
 
 def test_a_long_simulation_shows_its_progress_and_the_time_left(monkeypatch, capsys):
-    monkeypatch.setattr(budget, "SHOW_PROGRESS_FROM", 1000)         # replica-steps: this small run counts as long
     monkeypatch.setenv("PYDTNN_PROGRESS_INTERVAL_S", "0")           # a line at every step
     assert main(["run", "--model", "simplemlp", "--global_batch_size", "256", "--replicas", "64", "--steps",
                  "30"]) == 0
@@ -48,16 +48,74 @@ def test_a_short_simulation_says_nothing_more(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_a_phase_without_steps_still_says_it_runs():
+    """The heartbeat: a stage that counts nothing (a step model of 10^7 rows, the best partition) is said at
+    least every interval, from a thread, while the main thread is busy."""
+    import io
+    import time
+    from pydtnn.sim.talk import Talk
+    err = io.StringIO()
+    talk = Talk(out=io.StringIO(), err=err, interval=0.1)
+    with talk.phase("the best partition"):
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:         # busy in Python, as the simulator is
+            sum(range(1000))
+    talk.close()
+    lines = err.getvalue().splitlines()
+    # 1.0 s at 0.1 s: about 9 lines; a loaded machine delays the thread, never to fewer than a few
+    assert len(lines) >= 3 and all(line.startswith("the best partition: ") and line.endswith(" s so far")
+                                   for line in lines), lines
+    after = len(lines)
+    time.sleep(0.3)                           # the phase is over: nothing more
+    assert len(err.getvalue().splitlines()) == after
+
+
 def test_a_run_of_many_replicas_says_how_long_before_it_starts(monkeypatch, capsys):
     """Timed at fewer replicas (a multiple of the ranks per node), scaled, said in one line, then the run."""
     monkeypatch.setattr(budget, "ESTIMATE_FROM", 1000)
     monkeypatch.setattr(budget, "ESTIMATE_AT", 250)
     assert main(["run", "--model", "simplemlp", "--global_batch_size", "4000", "--replicas", "2000", "--steps", "3",
                  "--ranks_per_node", "8", "--sweep", "none"]) == 0
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    assert err[0].startswith("simulating 2000 replicas (the run and its best partition): about "), err
-    assert " of memory (the same run at 248 replicas took " in err[0], err       # 31 nodes of 8 ranks
+    out = capsys.readouterr().out.splitlines()
+    told = [i for i, line in enumerate(out) if line.startswith("estimate for 2000 replicas (the run and its best "
+                                                                "partition): about ")]
+    assert len(told) == 1, out
+    assert " of memory (the same run at 248 replicas took " in out[told[0]], out      # 31 nodes of 8 ranks
+    assert told[0] < out.index("simulated 3 steps of 2000 replica(s), global batch 4000, policy equal, allreduce "
+                               "auto")                                               # before the work
+
+
+def test_the_first_line_of_ten_million_replicas_comes_within_2_s_to_a_file(tmp_path):
+    """stdout to a file, as on a cluster: the first line is there (flushed) within 2 s of the start, and the
+    estimate of time and memory follows before the work; the run itself (minutes) is stopped."""
+    import subprocess
+    import sys
+    import time
+    out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        t0 = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-m", "pydtnn.sim", "run", "--model", "simplemlp",
+                                 "--global_batch_size", "20000000", "--samples", "20000000", "--replicas", "10000000",
+                                 "--steps", "100"], stdout=out, stderr=err)
+        first = estimate = None
+        try:
+            while time.monotonic() - t0 < 120 and proc.poll() is None and estimate is None:
+                text = out_path.read_text()
+                if first is None and "\n" in text:
+                    first = time.monotonic() - t0
+                if "estimate for 10000000 replicas" in text:
+                    estimate = time.monotonic() - t0
+                time.sleep(0.02)
+        finally:
+            proc.kill()
+            proc.wait()
+    text = out_path.read_text()
+    print(f"first line after {first} s, the estimate after {estimate} s")
+    assert text.startswith("pydtnn-simulate: 10000000 replica(s) of simplemlp, global batch 20000000, 100 steps, "
+                           "policy equal\n"), (text, err_path.read_text())
+    assert first is not None and first < 2.0, first
+    assert estimate is not None and "of memory (the same run at 10000 replicas took" in text, text
+    assert "simulated 100 steps" not in text                  # the estimate came before the work
 
 
 def test_no_estimate_below_its_threshold(monkeypatch):

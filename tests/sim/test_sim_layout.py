@@ -55,7 +55,9 @@ def test_the_output_says_what_is_modelled(node_profile, capsys):
             "8", "--steps", "10", "--speed_factors", "1,1,1,1,2,2,2,2"]
     assert main([*argv, "--sweep", "auto"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("modelled: 8 replica(s) on 4 node(s) of 2 rank(s) (default: the profiled node holds 2"), out
+    lines = out.splitlines()
+    assert lines[0] == "pydtnn-simulate: 8 replica(s) of simplemlp, global batch 256, 10 steps, policy equal", out
+    assert lines[1].startswith("modelled: 8 replica(s) on 4 node(s) of 2 rank(s) (default: the profiled node holds 2"), out
     assert "sweep: each P on nodes of the default ranks per node" in out and "--speed_factors of replica" in out
     assert main([*argv, "--ranks_per_node", "4", "--sweep", "auto", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -90,7 +90,20 @@ def test_the_probe_splits_by_the_speeds_of_the_compute_model():
     sc = Scenario([_profile()] * 3, 60, policy="probe", speed_factors=[1, 2, 4], steps=5, seed=0)
     res = simulate(sc)
     # the emulated factors make replica i (4/f_i) times slower per sample: speeds 1:2:4
-    assert res.sizes == proportional.partition(60, [1.0, 2.0, 4.0]) and res.rebalances == 1
+    assert res.sizes == proportional.partition(60, [1.0, 2.0, 4.0])
+    # the probe's split is the first split, not a re-split during training
+    assert res.rebalances == 0 and res.extra["first_split"] == "probe"
+
+
+def test_the_static_fpm_policy_never_rebalances():
+    """fpm probes once, before training, and keeps its split: 0 rebalances (it had said 1: its probe's split)."""
+    sc = Scenario([_profile()] * 3, 60, policy="fpm", speed_factors=[1, 2, 4], noise=0.1, steps=40, seed=0)
+    res = simulate(sc)
+    assert res.sizes != [20, 20, 20] and res.extra["first_split"] == "probe"
+    assert res.rebalances == 0
+    dyn = simulate(Scenario([_profile()] * 3, 60, policy="dynamic", speed_factors=[1, 2, 4], rebalance_interval=5,
+                            stragglers=Stragglers(1, 3.0, 10), steps=40, seed=0))
+    assert dyn.rebalances >= 1                                 # a policy that does re-split is counted
 
 
 USER_POLICY = """
@@ -135,7 +148,9 @@ def test_the_cost_model_flag_reads_json_and_checkpoints(tmp_path, capsys):
     import sys
     from pydtnn.parallel.balance.cost_model import CostModel
     from pydtnn.sim.__main__ import main
-    CostModel.affine([0.040, 0.0], [1e-4, 1.5e-3]).save(tmp_path / "m.json")
+    state = dict(CostModel.affine([0.040, 0.0], [1e-4, 1.5e-3]).state_dict(), model="simplemlp",
+                 gradient_bytes=2678824)             # simplemlp's 669,706 float32 parameters
+    (tmp_path / "m.json").write_text(json.dumps(state))
     args = ["run", "--model", "simplemlp", "--global_batch_size", "128", "--replicas", "2", "--steps", "2",
             "--balance", "fpm", "--json"]
     assert main([*args, "--cost_model", str(tmp_path / "m.json")]) == 0

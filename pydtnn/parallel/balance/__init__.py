@@ -10,6 +10,7 @@ and when it is re-split. This package is its one wing:
     fpm_probe.py       the FPM built from timed points; fpm_partition.py: the split with equal finish times
     probe.py           the lock-step probe before training (`LockStepProbe`, `probe_split`), GPU memory caps
     policy_calls.py    a policy's calls: its failures as one line, its splits agreed on by the ranks
+    policy_state.py    the fpm and dynamic policies' checkpointed state, checked as data
     step_report.py     what `after_step` is told after each step
 
 Every rank owns its own instances and feeds them the same numbers, so every rank takes the same decision
@@ -40,24 +41,38 @@ class BalancePolicy:
     (`pydtnn.parallel.balance.policy_calls`) before it is used. A user's class is constructed with the
     ``--balance_options`` as keyword arguments; an exception in its code is one line plus its own frames.
 
-    Before ``initial_sizes`` the framework sets ``rank``, ``nreplicas``, ``devices`` (one of "cpu" / "gpu"
-    per replica) and ``options`` (the ``--balance_options`` dict) on the instance (`bind`).
+    What a policy may read, set by the framework:
+
+    - ``rank``, ``nreplicas``: this replica's rank and the number of replicas P;
+    - ``devices``: one of "cpu" / "gpu" per replica;
+    - ``options``: the ``--balance_options`` dict (also the constructor's keyword arguments);
+    - ``sizes``: the split in force (P ints summing to the global batch): set after ``initial_sizes``, after
+      every re-split (before the next ``after_step``) and on resume;
+    - ``listens``: whether the class defines ``after_step`` (one that does not is never told the steps).
+
+    ``rank``, ``nreplicas``, ``devices`` and ``options`` are set (`bind`) before ``initial_sizes``. What a policy
+    may set: ``reason`` (a string printed with each re-split: set it when returning one) and, on the class,
+    ``measured`` (True: its split is restored on resume; False: one fixed by its options, recomputed, as equal
+    and static are), ``wants_probe`` / ``wants_costs`` (the probes below), ``allow_zero`` (the replicas that may
+    get 0 samples), ``checkpoint_key`` (where checkpoints keep its state); ``deterministic`` is the built-ins'
+    (a pure function of what every rank is given alike: its splits are not agreed on).
 
     - ``initial_sizes(global_batch, nreplicas, caps)``: the split to start with (caps: None or one int per
       replica, from --max_local_batch);
-    - ``after_step(step, report)``: after global step ``step`` (0-based, over epochs), a
+    - ``after_step(step, report)``: after global step ``step``, a
       `pydtnn.parallel.balance.step_report.StepReport` (every replica's actual b_i, compute and wait seconds, the
       step's wall time, warm-up flags; it also reads as the list of seconds per sample); a new split, or
-      None to keep the current one; ``reason`` (a string) is printed with the re-split's announcement;
+      None to keep the current one. ``step`` is 0-based and counts over epochs (a resume continues it); what
+      a user reads counts from 1, as the step history and --trace_steps do: a split returned from
+      ``after_step(9, ...)`` is announced "re-split after step 10", a failure there ends "in
+      after_step(step=9), after step 10";
     - ``state_dict()`` / ``load_state_dict(state)``: plain JSON-able values saved in checkpoints;
     - ``describe()``: lines printed at the start (the model it balances by).
 
-    ``self.sizes`` holds the split in force: the training loop sets it (at the start, after a resume, after
-    a re-split). A policy whose split is measured (``measured = True``) has its split restored on resume;
-    one fixed by flags (equal, static) is recomputed from them. Probes before training:
-    ``wants_probe = True``: ``probed(global_batch, speeds, caps)`` with every replica's speed (samples/s)
-    timed at the equal split (the constant model); ``wants_costs = True``: ``probe_costs(probe)`` with a
-    probe that times every replica at any split (``probe.measure(sizes)``, the FPM's points).
+    Probes before training: ``wants_probe = True``: ``probed(global_batch, speeds, caps)`` with every
+    replica's speed (samples/s) timed at the equal split (the constant model); ``wants_costs = True``:
+    ``probe_costs(probe)`` with a probe that times every replica at any split (``probe.measure(sizes)``, the
+    FPM's points).
     """
 
     name = "custom"

@@ -20,6 +20,15 @@ computes nothing. Either way t is non-decreasing, which the equal-finish partiti
 A point is the median compute seconds of several timed steps at one b (`pydtnn.parallel.balance.fpm_probe`, or an
 interval of training steps for the dynamic policy); a point at a b already held replaces it. Everything
 here is plain arithmetic on its arguments: every rank that holds the same points holds the same model.
+
+A stored model (a checkpoint's policy state, a `--cost_model` file) is data, checked before use
+(`state_problem`): an object of format FORMAT, `devices` a list of "cpu" / "gpu", one per replica, at least
+one replica, each with at least one point [b, seconds], b an integer in [1, `MAX_B`] (10^9) and seconds a
+finite number in (0, `MAX_SECONDS`] (a day); a file is read up to `MAX_FILE_BYTES` (64 MiB). A problem is one
+line naming the file and the field.
+
+`doubts`: points that fall as b grows (by more than RESIDUAL_LIMIT) or an affine fit that misses a point by
+more than `DOUBT_RESIDUAL` (25%): noisy times, said with one line of advice where the model is printed.
 """
 from __future__ import annotations
 
@@ -30,10 +39,16 @@ import numpy as np
 
 from pydtnn.errors import ConfigError
 
-__all__ = ["ReplicaCost", "CostModel", "vectorized", "RESIDUAL_LIMIT", "FORMAT"]
+__all__ = ["ReplicaCost", "CostModel", "vectorized", "state_problem", "RESIDUAL_LIMIT", "DOUBT_RESIDUAL", "FORMAT",
+           "MAX_B", "MAX_SECONDS", "DEVICES"]
 
 RESIDUAL_LIMIT = 0.05
+DOUBT_RESIDUAL = 0.25
 FORMAT = "pydtnn-cost-model/1"
+MAX_B = 10 ** 9                  # a point's local batch
+MAX_SECONDS = 86400.0            # a point's compute seconds: a day per step
+MAX_FILE_BYTES = 64 * 2 ** 20
+DEVICES = ("cpu", "gpu")
 
 
 class ReplicaCost:
@@ -47,10 +62,9 @@ class ReplicaCost:
         self.refit()
 
     def _put(self, b, t):
-        b, t = int(b), float(t)
-        if b < 1 or not (math.isfinite(t) and t > 0):
-            raise ConfigError(f"a cost model point needs b >= 1 and finite seconds > 0, got ({b}, {t})")
-        self.points[b] = t
+        if not _is_point([b, t]):
+            raise ConfigError(f"a cost model point needs {_POINT}, got ({b}, {t})")
+        self.points[int(b)] = float(t)
 
     def add(self, b, seconds) -> None:
         """A measured point (replacing the one at the same b), then the fit again."""
@@ -95,6 +109,19 @@ class ReplicaCost:
             t = np.where(b > xs[-1], ys[-1] + self._tail * (b - xs[-1]), t)
         return np.where(b <= 0, 0.0, t)
 
+    def doubts(self) -> list[str]:
+        """What makes this model doubtful: points whose time falls as b grows (by more than RESIDUAL_LIMIT),
+        an affine fit that misses a point by more than DOUBT_RESIDUAL."""
+        out = []
+        ordered = sorted(self.points.items())
+        falls = [(b0, t0, b1, t1) for (b0, t0), (b1, t1) in zip(ordered, ordered[1:]) if t1 < t0 * (1 - RESIDUAL_LIMIT)]
+        if falls:
+            b0, t0, b1, t1 = falls[0]
+            out.append(f"its time falls as b grows (b={b0}: {t0 * 1e3:.4g} ms, b={b1}: {t1 * 1e3:.4g} ms)")
+        if self.residual > DOUBT_RESIDUAL:
+            out.append(f"its affine fit misses a point by {self.residual:.0%}")
+        return out
+
     def describe(self) -> str:
         pts = " ".join(f"{b}:{t * 1e3:.4g}" for b, t in sorted(self.points.items()))
         fit = f"affine {self.a * 1e3:.4g} ms + {self.c * 1e3:.4g} ms/sample"
@@ -117,10 +144,68 @@ class ReplicaCost:
 
     @classmethod
     def from_state(cls, state) -> "ReplicaCost":
-        try:
-            return cls([(b, t) for b, t in state["points"]], [(b, t) for b, t in state.get("flagged", [])])
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"not a cost model of a replica ({type(e).__name__}: {e})") from None
+        problem = _replica_problem(state)
+        if problem:
+            raise ConfigError(_problem_text(*problem))
+        return cls([(b, t) for b, t in state["points"]], [(b, t) for b, t in state.get("flagged", [])])
+
+
+# --- a stored model, checked -----------------------------------------------------------------------------
+_POINT = f"[b, seconds]: b an integer in [1, 10^9] and seconds a finite number in (0, {MAX_SECONDS:g}]"
+
+
+def _is_point(p) -> bool:
+    if not isinstance(p, (list, tuple)) or len(p) != 2:
+        return False
+    b, t = p
+    integer = isinstance(b, (int, np.integer)) and not isinstance(b, bool)
+    number = isinstance(t, (int, float, np.floating, np.integer)) and not isinstance(t, bool)
+    return integer and 1 <= b <= MAX_B and number and math.isfinite(t) and 0 < t <= MAX_SECONDS
+
+
+def _replica_problem(state, field=""):
+    """(field, expected, value) of the first problem of one replica's stored state, or None."""
+    if not isinstance(state, dict):
+        return field.rstrip(".") or "(replica)", "an object with its points", state
+    points = state.get("points")
+    if not isinstance(points, list) or not points:
+        return f"{field}points", "a non-empty list of points " + _POINT, points
+    for k, p in enumerate(points):
+        if not _is_point(p):
+            return f"{field}points[{k}]", _POINT, p
+    flagged = state.get("flagged", [])
+    if not isinstance(flagged, list):
+        return f"{field}flagged", "a list of points " + _POINT, flagged
+    for k, p in enumerate(flagged):
+        if not _is_point(p):
+            return f"{field}flagged[{k}]", _POINT, p
+    return None
+
+
+def state_problem(state):
+    """(field, expected, value) of the first problem of a stored CostModel state (format, devices, every
+    replica's points), or None when it is sound. The fields are named as in the JSON document."""
+    if not isinstance(state, dict):
+        return "(top level)", f"an object of format {FORMAT}", state
+    if state.get("format") != FORMAT:
+        return "format", repr(FORMAT), state.get("format")
+    replicas = state.get("replicas")
+    if not isinstance(replicas, list) or not replicas:
+        return "replicas", "a non-empty list, one object per replica", replicas
+    devices = state.get("devices", ["cpu"] * len(replicas))
+    if not (isinstance(devices, list) and len(devices) == len(replicas) and all(d in DEVICES for d in devices)):
+        return "devices", f"a list of {len(replicas)} of {' / '.join(DEVICES)}, one per replica", devices
+    for i, replica in enumerate(replicas):
+        problem = _replica_problem(replica, f"replicas[{i}].")
+        if problem:
+            return problem
+    return None
+
+
+def _problem_text(field, expected, value) -> str:
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return f"field {field!r} must be {expected}, got {shown}"
 
 
 def _affine(b, t):
@@ -207,12 +292,16 @@ class CostModel:
 
     @classmethod
     def from_state(cls, state, where: str = "cost model") -> "CostModel":
-        if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("replicas"), list):
-            raise ConfigError(f"{where}: not a cost model ({FORMAT})")
-        try:
-            return cls([ReplicaCost.from_state(r) for r in state["replicas"]], state.get("devices"))
-        except ConfigError as e:
-            raise ConfigError(f"{where}: {e}") from None
+        """The model a stored state describes, checked first (`state_problem`): one ConfigError line naming
+        `where` and the field otherwise."""
+        problem = state_problem(state)
+        if problem:
+            raise ConfigError(f"{where}: {_problem_text(*problem)}")
+        return cls([ReplicaCost.from_state(r) for r in state["replicas"]], state.get("devices"))
+
+    def doubts(self) -> list[str]:
+        """Each doubtful replica's doubts, as 'replica i: ...'."""
+        return [f"replica {i}: {'; '.join(d)}" for i, d in enumerate(r.doubts() for r in self.replicas) if d]
 
     def save(self, path) -> None:
         with open(path, "w") as f:
@@ -221,9 +310,12 @@ class CostModel:
     @classmethod
     def load(cls, path) -> "CostModel":
         try:
-            with open(path) as f:
-                state = json.load(f)
-        except (OSError, ValueError) as e:
+            with open(path, "rb") as f:
+                text = f.read(MAX_FILE_BYTES + 1)         # a size limit: /dev/zero is a path too
+            if len(text) > MAX_FILE_BYTES:
+                raise ValueError(f"larger than {MAX_FILE_BYTES // 2 ** 20} MiB")
+            state = json.loads(text)
+        except (OSError, ValueError, RecursionError) as e:
             raise ConfigError(f"cannot read the cost model {path}: {e}") from None
         return cls.from_state(state, f"cost model {path}")
 

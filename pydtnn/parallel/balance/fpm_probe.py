@@ -75,6 +75,10 @@ def build_model(probe, minimum, buckets, points: int = 4, rounds: int = 3, toler
     B, P = probe.global_batch, len(probe.devices)
     tops_ = tops(B, probe.caps, minimum, buckets)
     lists = [probe_sizes(t, points, q) for t, q in zip(tops_, buckets)]
+    log = getattr(probe, "log", None)
+    if log is not None:              # the plan first: a probe of slow replicas takes a while
+        log(f"probe plan: {max(map(len, lists))} points at b = {_per_replica(lists)}, then up to {int(rounds)} "
+            f"round(s) at the proposed split")
     lines = []
     if any(q > 1 for q in buckets):
         warm = [list(range(q, t + 1, q)) if q > 1 else [] for t, q in zip(tops_, buckets)]
@@ -113,6 +117,27 @@ def build_model(probe, minimum, buckets, points: int = 4, rounds: int = 3, toler
     lines.append(f"predicted compute at {split}: {_ms(model.seconds(split))} ms (makespan "
                  f"{model.makespan(split) * 1e3:.4g} ms)")
     return model, split, lines
+
+
+def _per_replica(lists, shown=4) -> str:
+    """Each replica's local batches, replicas with the same list together (the first `shown` groups)."""
+    groups = {}
+    for i, sizes in enumerate(lists):
+        groups.setdefault(tuple(sizes), []).append(i)
+    text = [f"{', '.join(map(str, sizes))} (replica{'s' if len(who) > 1 else ''} {_ranges(who)})"
+            for sizes, who in list(groups.items())[:shown]]
+    more = len(groups) - shown
+    return "; ".join(text) + (f"; and {more} other list(s)" if more > 0 else "")
+
+
+def _ranges(indices) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out, start = [], indices[0]
+    for prev, cur in zip(indices, indices[1:] + [None]):
+        if cur != prev + 1:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return ", ".join(out)
 
 
 def _ms(seconds) -> str:

@@ -30,6 +30,7 @@ from pydtnn.parallel.balance.proportional import partition
 from pydtnn.parallel.balance.cost_model import CostModel, ReplicaCost
 from pydtnn.parallel.balance.fpm_partition import equal_finish
 from pydtnn.parallel.balance.fpm_probe import build_model, grown_buckets
+from pydtnn.parallel.balance.policy_state import check_state
 from pydtnn.parallel.balance.step_report import StepReport
 
 class EqualPolicy(BalancePolicy):
@@ -76,17 +77,19 @@ class FPMPolicy(BalancePolicy):
     (`pydtnn.parallel.balance.fpm_probe`), then the split with equal finish times (`fpm_partition.equal_finish`).
 
     Options: points (per replica, >= 4), rounds (refinement, 3), tolerance (0.05), bucket (GPU replicas'
-    local batches are multiples of it, 8; 1: none), allow_zero (replicas that may get 0 samples, e.g. 2:3).
+    local batches are multiples of it, 8; 1: none), allow_zero (replicas that may get 0 samples, e.g. 2:3),
+    probe_s (seconds of timed passes per probe point, 0.2, in [0.01, 60]: longer probes for noisy times).
     """
     name = "fpm"
     wants_costs = True
     deterministic = True
 
-    def __init__(self, points=4, rounds=3, tolerance=0.05, bucket=8, allow_zero=""):
-        self.points = _int_option("points", points, 4)
-        self.rounds = _int_option("rounds", rounds, 0)
+    def __init__(self, points=4, rounds=3, tolerance=0.05, bucket=8, allow_zero="", probe_s=0.2):
+        self.points = _int_option("points", points, 4, 64)
+        self.rounds = _int_option("rounds", rounds, 0, 64)
         self.tolerance = _float_option("tolerance", tolerance, 0.0, 1.0)
         self.bucket = _int_option("bucket", bucket, 1)
+        self.probe_s = _float_option("probe_s", probe_s, 0.01, 60.0, closed=True)
         self._zero = str(allow_zero)
         self.model: CostModel | None = None
         self.buckets = None
@@ -122,6 +125,8 @@ class FPMPolicy(BalancePolicy):
         self.buckets = grown_buckets(self.global_batch, caps, self.minimum(), asked)
 
     def probe_costs(self, probe):
+        if hasattr(probe, "target_s"):                    # the launcher's lock-step probe: longer with probe_s
+            probe.target_s = self.probe_s
         self.limit(probe.caps)
         self.model, split, self.lines = build_model(probe, self.minimum(), self.buckets, self.points,
                                                     self.rounds, self.tolerance)
@@ -133,13 +138,18 @@ class FPMPolicy(BalancePolicy):
     def describe(self):
         if self.model is None:
             return []
+        doubts = self.model.doubts()
+        advice = ([f"advice: {'; '.join(doubts)}: the probe's times are noisy (a loaded machine?); more points "
+                   f"(--balance_options points={2 * self.points}), longer probes (probe_s={min(60.0, 5 * self.probe_s):g}) "
+                   f"or a quieter machine give a firmer model"] if doubts else [])
         return [f"cost model ({self.name}, t_i(b) = compute seconds of a step of b samples):",
-                *(f"  {line}" for line in self.model.describe()), *self.lines]
+                *(f"  {line}" for line in self.model.describe()), *self.lines, *advice]
 
     def state_dict(self):
         return {"model": None if self.model is None else self.model.state_dict()}
 
     def load_state_dict(self, state):
+        check_state(state, self.nreplicas)               # a checkpoint is data: types and ranges first
         model = state.get("model")
         self.model = None if model is None else CostModel.from_state(model, "balance policy state")
         if self.model is not None and len(self.model) != self.nreplicas:
@@ -237,7 +247,7 @@ class DynamicPolicy(FPMPolicy):
                 "noise": list(self.noise), "suspect": list(self.suspect), "n_rebalances": self.n_rebalances}
 
     def load_state_dict(self, state):
-        if "ema" in state:                 # a checkpoint of the constant-model balancer: its speeds, one point each
+        if isinstance(state, dict) and "ema" in state:    # a checkpoint of the constant-model balancer: its speeds
             ema = np.asarray(state.get("ema", []), dtype=np.float64).reshape(-1)
             if ema.size not in (0, self.nreplicas):
                 raise ConfigError(f"'ema' has {ema.size} speeds for {self.nreplicas} replicas")
@@ -282,25 +292,26 @@ def _window_points(window, P):
 
 # ----------------------------------------------------------------------------------------- options
 
-def _int_option(name, value, minimum):
+def _int_option(name, value, minimum, maximum=None):
     try:
         v = int(value)
         if v != value and not isinstance(value, str):
             raise ValueError
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"--balance_options {name}={value}: must be an integer") from None
-    if v < minimum:
-        raise ConfigError(f"--balance_options {name}={value}: must be >= {minimum}")
+    if v < minimum or (maximum is not None and v > maximum):
+        raise ConfigError(f"--balance_options {name}={value}: must be >= {minimum}"
+                          + (f" and <= {maximum}" if maximum is not None else ""))
     return v
 
 
-def _float_option(name, value, lo, hi):
+def _float_option(name, value, lo, hi, closed=False):
     try:
         v = float(value)
     except (TypeError, ValueError):
         raise ConfigError(f"--balance_options {name}={value}: must be a number") from None
-    if not lo <= v < hi:
-        raise ConfigError(f"--balance_options {name}={value}: must be in [{lo}, {hi})")
+    if not (lo <= v <= hi if closed else lo <= v < hi):
+        raise ConfigError(f"--balance_options {name}={value}: must be in [{lo}, {hi}{']' if closed else ')'}")
     return v
 
 
@@ -326,7 +337,7 @@ class Builtin:
     without_speeds: str | None = None
 
 
-_FPM_OPTIONS = ("points", "rounds", "tolerance", "bucket", "allow_zero")
+_FPM_OPTIONS = ("points", "rounds", "tolerance", "bucket", "allow_zero", "probe_s")
 
 
 def _fpm(speeds, interval, options):

@@ -1,7 +1,7 @@
 """Calling a balancing policy: its failures as one line, and its splits agreed on by every rank.
 
     new = call(policy, "after_step", step, report)          # a bug in a user's policy: one ConfigError
-    new = agree(comm, policy, new, error, "after step 12")  # the same split (or None) on every rank
+    new = agree(comm, policy, new, error, "in after_step(step=11), after step 12")  # the same split on every rank
 
 A user's policy is code we do not control: an exception in it is a ConfigError naming the policy and the
 method, with the user's own frames (file, line, source) after the line, never our stack. And it is given
@@ -60,7 +60,9 @@ def checksum(split) -> float:
 
 def agree(comm, policy, split, error, when: str):
     """Every rank's `split` (or None) and `error` (a PyDTNNError or None) from one decision: the split,
-    when every rank returned the same; every rank raises when any rank failed or they differ."""
+    when every rank returned the same; every rank raises when any rank failed or they differ. `when` ends
+    the line: "for the initial split", or "in after_step(step=S), after step S + 1" (the call as the policy
+    received it, 0-based, then the step as every other message counts it, from 1)."""
     if comm.size == 1:
         if error is not None:
             raise error
