@@ -45,6 +45,8 @@
 #   PYDTNN_GPU_CONV           frontend|legacy: which cuDNN API our convolutions use (auto)
 #   GPU_CHECK_DRY_SLEEP       dry run only: "conformance=3 mnist=1", seconds a stage's dry body sleeps, to
 #                             exercise the limits
+#   GPU_CHECK_DEADLINE_MARGIN seconds before a pytest stage's limit after which it starts no test (8), so that
+#                             pytest ends by itself and writes its JUnit XML
 set -u
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -281,13 +283,14 @@ print(f"RESULT: cupy {cupy.__version__}, {cupy.cuda.runtime.getDeviceCount()} de
 EOF
 }
 
-# pytest_stage NAME: the stage's selection under the deadline plugin (it starts no test 8 s before the stage's
-# end, so that pytest still writes its JUnit XML, which it writes only at the end); its tests' counts
+# pytest_stage NAME: the stage's selection under the deadline plugin (it starts no test GPU_CHECK_DEADLINE_MARGIN
+# (8) s before the stage's end, so that pytest still writes its JUnit XML, which it writes only at the end); its tests' counts
 pytest_stage() {
     local extra=() rc
     "$PY" -c "import pytest_timeout" 2>/dev/null && extra=(--timeout 60)
     selection "$1"
-    GPU_CHECK_DEADLINE=$(( STAGE_END - 8 )) "$PY" -m pytest -v -rfEs -p no:cacheprovider -p gpu_check_deadline \
+    GPU_CHECK_DEADLINE=$(( STAGE_END - ${GPU_CHECK_DEADLINE_MARGIN:-8} )) \
+        "$PY" -m pytest -v -rfEs -p no:cacheprovider -p gpu_check_deadline \
         "${extra[@]}" --junitxml="$WORK/$1.xml" "${SELECTION[@]}" 2>&1 | tee "$WORK/$1.pytest"
     rc=${PIPESTATUS[0]}
     "$PY" - "$1" "$WORK" "$OUT/conformance.xml" "$rc" <<'EOF'

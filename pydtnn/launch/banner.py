@@ -30,6 +30,11 @@ def print_banner(config, devices, local, split, trainer):
               f"{p.gradient_weighting})")
         for line in trainer.policy.describe():          # the model it balances by (probed points, fit)
             print(line)
+        if p.grad_compression != "none":
+            print(_compression_line(p.grad_compression, config.nreplicas))
+    micro_batches = trainer.dp.micro_batch_counts(trainer.sizes)
+    if any(n > 1 for n in micro_batches):
+        print(_accumulation_line(p.accumulation_steps, trainer.dp.caps, trainer.sizes, micro_batches))
     print(f"threads per replica: {', '.join(map(str, devices.threads_all))} ({devices.threads_why})")
     if "gpu" in devices.kinds:
         print(f"GPU float32 precision: {p.precision} ({GPU_PRECISION[p.precision]})")
@@ -101,3 +106,27 @@ def _print_params(p, comm_size):
     print(f"PyDTNN parameters ({comm_size} replica(s)):")
     for k, v in rows:
         print(f"  {k.ljust(width)}  {v}")
+
+
+def _compression_line(name, nreplicas) -> str:
+    """--grad_compression: the format and the error bound it costs (`pydtnn.parallel.comm.compression`)."""
+    if nreplicas < 2:
+        return f"gradient compression {name}: one replica reduces nothing, so nothing is compressed"
+    u = {"fp16": "2^-11", "bf16": "2^-8"}[name]
+    return (f"gradients reduced in {name} (2 bytes an element on the wire): each element within about {nreplicas} x "
+            f"{u} x sum_i |w_i g_i| of the exact sum (docs/data_parallel.md#compressed-reductions)")
+
+
+def _accumulation_line(steps, caps, sizes, counts) -> str:
+    """--accumulation_steps, and the memory caps of a pass (--max_local_batch, lowered by a GPU's measured
+    cap): each replica's micro-batches of its local batch in the first split (their sizes, the larger first:
+    `pydtnn.parallel.accumulation`)."""
+    from pydtnn.parallel.accumulation import micro_batch_bounds
+    shown = []
+    for b, n in zip(sizes, counts):
+        parts = [hi - lo for lo, hi in micro_batch_bounds(b, n)] if n else []
+        shown.append(f"{b} = " + ("+".join(map(str, parts)) if len(set(parts)) > 1 else
+                                  f"{n} x {parts[0]}" if parts else "none"))
+    held = f", memory caps {flag_text(caps)} samples a pass" if caps else ""
+    return (f"gradient accumulation: --accumulation_steps {steps}{held}, one reduction and one update per step; "
+            f"micro-batches {'; '.join(shown)}")

@@ -99,6 +99,13 @@ def configure(p, nreplicas: int, many_processes: bool = False) -> RunConfig:
                           f"(this run is one process{taken})")
     if p.balance_options and not data:
         raise ConfigError("--balance_options is used by --parallel data only")
+    if p.grad_compression != "none":
+        if not data:
+            taken = "; a resumed run takes it from its checkpoint: give --grad_compression none" if p.resume else ""
+            raise ConfigError(f"--grad_compression {p.grad_compression} compresses the gradients replicas exchange: it "
+                              f"needs --parallel data (this run is one process{taken})")
+        from pydtnn.parallel.comm.compression import GradCompression
+        GradCompression(p.grad_compression)           # bf16 without ml_dtypes: refused before any work
     if p.sync_batchnorm and (p.balance_options or {}).get("allow_zero") not in (None, ""):
         raise ConfigError("--balance_options allow_zero cannot be combined with --sync_batchnorm: a replica "
                           "without samples would not join the BatchNorm reductions")
@@ -337,7 +344,6 @@ _BEST = "its best value so far is not restored"
 # The flags that change what a checkpoint restores, and how (the line printed when one is given anew).
 RESTORED_STATE = {
     "batch_size": _SPLIT, "global_batch_size": _SPLIT, "balance": _SPLIT, "replica_speeds": _SPLIT,
-    "max_local_batch": _SPLIT,
     "seed": "a new data order and dropout stream from here",
     "optimizer_name": "the weights are restored, the optimizer starts afresh",
     "learning_rate": "training continues at the new rate, not at the checkpoint's",

@@ -14,6 +14,7 @@ import os
 from pydtnn.errors import ConfigError
 from pydtnn.optimizers import OPTIMIZERS
 from pydtnn.parallel.balance.policies import balance_help
+from pydtnn.parallel.comm.compression import GRAD_COMPRESSIONS
 
 TRUE, FALSE = ("true", "1", "yes", "y", "on"), ("false", "0", "no", "n", "off")
 
@@ -280,6 +281,10 @@ def _data_parallel_flags(g):
     g.add_argument("--parallel", default="sequential", choices=["sequential", "data"])
     g.add_argument("--non_blocking_mpi", type=B, default=False,
                    help="reduce gradients in reverse-order buckets with Iallreduce, overlapped with backward")
+    g.add_argument("--grad_compression", default="none", choices=GRAD_COMPRESSIONS,
+                   help="the format the weighted gradients cross the network in: none (the model's dtype), fp16 or "
+                        "bf16 (half the bytes; each element within P u sum_i |w_i g_i| of the exact sum, u = 2^-11 for "
+                        "fp16, 2^-8 for bf16; fp16 overflows above 65504)")
     g.add_argument("--balance", default="none", help=balance_help())
     g.add_argument("--balance_options", type=policy_options, default=None,
                    help="key=value,... for the policy: a user's class gets them as keyword arguments; fpm and "
@@ -288,8 +293,10 @@ def _data_parallel_flags(g):
                         "probe point, 0.2), dynamic also hysteresis, drift, probe")
     g.add_argument("--replica_speeds", type=float_list, default=None, help="v1,v2,... relative replica speeds")
     g.add_argument("--max_local_batch", type=positive_int_list, default=None,
-                   help="memory caps: the most samples a replica may hold, one value for all or one per replica; "
-                        "the split stays proportional to speed below the caps and spills the excess to the others")
+                   help="memory caps: the most samples a replica holds in one pass, one value for all or one per "
+                        "replica; a replica whose share is larger runs it as micro-batches of at most its cap "
+                        "(gradient accumulation: the same result, one reduction a step); the split is not bounded "
+                        "by the caps, and a probe times such shares as their micro-batches")
     g.add_argument("--rebalance_interval", type=positive_int, default=20, help="dynamic: steps between re-splits")
     g.add_argument("--gradient_weighting", default="proportional",
                    help="proportional: w_i = b_i/B (the exact global-batch gradient); uniform: w_i = 1/P; or a "
@@ -297,6 +304,10 @@ def _data_parallel_flags(g):
     g.add_argument("--sync_batchnorm", type=B, default=False,
                    help="BatchNormalization in training uses the global batch's statistics, summed over the "
                         "replicas with their own b_i (exact for unequal splits; two small allreduces per layer)")
+    g.add_argument("--accumulation_steps", type=positive_int, default=1,
+                   help="K: each replica runs its local batch of a global step as K micro-batches (as equal as "
+                        "possible; fewer when it holds fewer than K samples) and adds up their gradients; one "
+                        "reduction and one update per global step, the same result as one pass on the batch")
     g.add_argument("--emulate_speeds", type=float_list, default=None,
                    help="f1,f2,...: replica i behaves as a device f_i/max(f) as fast as the full-speed replicas (each step's "
                         "compute padded to b_i*t0/f_i, t0 their measured time per sample); for experiments on one machine")

@@ -1,5 +1,5 @@
 """The global batch and the balance policy's checked initial split of it, refused before any work when it
-does not suit the training samples or a local batch cannot fit in memory."""
+does not suit the training samples or a pass (a local batch, or its largest micro-batch) cannot fit in memory."""
 from __future__ import annotations
 
 import types
@@ -28,12 +28,12 @@ def policy_and_split(config, local, comm):
 
 
 def initial_split(p, policy, model, dataset, nprocs, rank=0, devices=None, weighting=None, batch_given=True):
-    """The global batch B, the memory caps and the policy's checked initial sizes (pydtnn.parallel.balance.policies),
-    which the policy keeps; refused when B does not suit the data or a local batch does not fit memory.
-    The policy is told its rank, the devices and --balance_options first; `weighting` (a user's
-    --gradient_weighting) is called once on the split, so that a bad one fails before any work. Without
-    `batch_given`, a default --batch_size larger than the training set shrinks to fit it (said in the returned
-    ``batch_note``): a small dataset runs as written, a batch the user chose is refused."""
+    """The global batch B, the memory caps (of one pass: `pydtnn.parallel.accumulation`) and the policy's
+    checked initial sizes (pydtnn.parallel.balance.policies), which the policy keeps; refused when B does not
+    suit the data or a pass does not fit memory. The policy is told its rank, the devices and --balance_options
+    first; `weighting` (a user's --gradient_weighting) is called once on the split, so that a bad one fails
+    before any work. Without `batch_given`, a default --batch_size larger than the training set shrinks to fit
+    it (said in the returned ``batch_note``): a small dataset runs as written, a batch the user chose is refused."""
     from pydtnn.parallel.balance import policy_calls, proportional
     n = nprocs if p.parallel == "data" else 1
     B = p.global_batch_size or p.batch_size * n
@@ -45,18 +45,28 @@ def initial_split(p, policy, model, dataset, nprocs, rank=0, devices=None, weigh
                 f"{f' x {n} replicas' if n > 1 else ''} is more than the {len(dataset.train)} training samples")
     caps = proportional.caps_for(p.max_local_batch, n)
     check_against_data(p, dataset, B)
-    sizes = policy_calls.initial_split(policy, B, n, caps, rank,
+    sizes = policy_calls.initial_split(policy, B, n, None, rank,     # memory caps bound passes, not shares
                                        devices if devices is not None and len(devices) == n else None)
     if weighting is not None:
         weighting(sizes)
-    _check_batch_fits(model, sizes, len(dataset.train), p)
+    _check_batch_fits(model, sizes, len(dataset.train), p, caps)
     return types.SimpleNamespace(global_batch=B, sizes=sizes, caps=caps, batch_note=note)
 
 
-def _check_batch_fits(model, sizes, ntrain, p):
-    """A local batch whose activations cannot fit in this machine's memory is refused before allocating."""
+def _check_batch_fits(model, sizes, ntrain, p, caps=None):
+    """A pass whose activations cannot fit in this machine's memory is refused before allocating: a pass holds
+    one micro-batch of a local batch, the largest of any replica (`pydtnn.parallel.accumulation`: K of them,
+    more above a replica's memory cap)."""
     from pydtnn.launch.limits import activation_bytes, check_fits
-    local = max(sizes) if p.steps_per_epoch > 0 else min(max(sizes), ntrain)   # a full pass never exceeds N
+    from pydtnn.parallel.accumulation import micro_batch_counts
+    held = sizes if p.steps_per_epoch > 0 else [min(b, ntrain) for b in sizes]   # a full pass never exceeds N
+    counts = micro_batch_counts(held, p.accumulation_steps, caps)
+    micro, local = max((-(-b // n), b) for b, n in zip(held, counts) if n)    # the largest pass
     flag = "--global_batch_size" if p.global_batch_size else "--batch_size"
+    if micro < local:
+        check_fits(activation_bytes(model, micro), f"a micro-batch of {micro} samples of {p.model_name} (a local "
+                   f"batch of {local} in {-(-local // micro)} micro-batches)",
+                   f"lower {flag} or raise --accumulation_steps")
+        return
     check_fits(activation_bytes(model, local), f"a local batch of {local} samples of {p.model_name}",
-               f"lower {flag}")
+               f"lower {flag} or give --accumulation_steps")

@@ -9,6 +9,7 @@
     data_parallel.py   `DataParallel`: one data-parallel step, for the trainer and for your own loop
     sync_batchnorm.py  BatchNorm statistics of the global batch (--sync_batchnorm)
     emulation.py       replicas of emulated relative speeds (--emulate_speeds)
+    accumulation.py    a local batch as micro-batches whose gradients add up (--accumulation_steps)
     runtime/           the process around a replica: the job's environment, mpiexec lines, threads, ending
 """
 

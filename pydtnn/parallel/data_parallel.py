@@ -9,8 +9,10 @@ One step (`step`, the protocol `train_step` and the launcher's Trainer share):
 1. forward + backward on this rank's b_i samples, the loss gradient scaled by w_i (`weighting`: proportional
    b_i/B by default, uniform 1/P), so that a SUM-allreduce of the flat gradient buffer gives sum_i w_i g_i
    (with sync_batchnorm every BatchNormalization layer sums its per-channel statistics over the replicas on
-   the way: `pydtnn.parallel.sync_batchnorm`);
-2. the reduction (one blocking Allreduce, or reverse-order buckets overlapped with backward);
+   the way: `pydtnn.parallel.sync_batchnorm`); with `accumulation_steps` K, as K micro-batches whose
+   gradients add up to the same w_i g_i (`pydtnn.parallel.accumulation`);
+2. the reduction (one blocking Allreduce, or reverse-order buckets overlapped with backward; in 16 bits with
+   `grad_compression`: `pydtnn.parallel.comm.compression`);
 3. optional clipping of the reduced gradient, then the optimizer's update (identical on every rank);
 4. ONE SUM-allreduce of the step's record (`pydtnn.parallel.step_record`): the global batch's loss and
    metrics (weighted by b_i), every replica's compute seconds per sample and wait seconds, and the flags the
@@ -37,9 +39,9 @@ from pydtnn.errors import PyDTNNError, ShapeError
 from pydtnn.layers.batchnorm import BatchNormalization
 from pydtnn.losses import get_loss
 from pydtnn.observe.timing import StepTimer
-from pydtnn.parallel import balance
+from pydtnn.parallel import accumulation, balance
 from pydtnn.parallel.balance import policy_calls, proportional
-from pydtnn.parallel.comm import BucketedReducer, make_comm
+from pydtnn.parallel.comm import BucketedReducer, GradCompression, make_comm
 from pydtnn.parallel.balance.policies import make_policy
 from pydtnn.parallel.lagged_step import LaggedStep
 from pydtnn.parallel.step_record import StepRecord
@@ -53,30 +55,37 @@ class DataParallel:
     def __init__(self, model, optimizer, *, global_batch, comm=None, sizes=None, policy=None,
                  weighting="proportional", loss="categorical_cross_entropy", caps=None, non_blocking=False,
                  sync_batchnorm=False, clip_grad_norm=0.0, timer=None, devices=None, log=None, emulator=None,
-                 emulate_reference=(), graphs=None):
+                 emulate_reference=(), graphs=None, accumulation_steps=1, grad_compression="none"):
         """`comm`: a pydtnn communicator (default: MPI's world when started by mpiexec with several
         processes, else one process); `sizes` or `policy` (a BalancePolicy or a --balance name) give the
         split (a policy that already holds its agreed first split, `policy.sizes`, is not asked again);
         `weighting`: "proportional", "uniform" or a function weights(sizes) -> list of w_i; `caps`: the most
-        samples each replica may hold (--max_local_batch); `timer`: a pydtnn.observe.timing.StepTimer that
-        counts the synchronized BatchNorm's reductions as wait (default: one of its own, which `train_step`
-        reads, so the seconds it hands the policy are compute without those waits); `emulator`: a
-        pydtnn.parallel.emulation.SpeedEmulator (each forward + backward padded to its deadline) and
-        `emulate_reference` the full-speed ranks it follows; `graphs`: a pydtnn.parallel.step_graphs.StepGraphs
-        that replays forward + backward as a CUDA graph."""
+        samples each replica holds in one pass (--max_local_batch): a share above it runs as micro-batches of at
+        most that many, it never bounds the split (`pydtnn.parallel.accumulation`); `timer`: a
+        pydtnn.observe.timing.StepTimer that counts the synchronized BatchNorm's reductions as wait (default: one
+        of its own, which `train_step` reads, so the seconds it hands the policy are compute without those
+        waits); `emulator`: a pydtnn.parallel.emulation.SpeedEmulator (each forward + backward padded to its
+        deadline) and `emulate_reference` the full-speed ranks it follows; `graphs`: a
+        pydtnn.parallel.step_graphs.StepGraphs that replays forward + backward as a CUDA graph;
+        `accumulation_steps` K: each replica runs its local batch as K micro-batches, one reduction and one
+        update per global step (`pydtnn.parallel.accumulation`);
+        `grad_compression`: "none", "fp16" or "bf16", the format the weighted gradient crosses the network in
+        (`pydtnn.parallel.comm.compression`; one replica communicates nothing and compresses nothing)."""
         self.model, self.optimizer = model, optimizer
         self.comm = comm if comm is not None else make_comm("auto")
         self.rank, self.nreplicas = self.comm.rank, self.comm.size
         self.loss = get_loss(loss)
         self.global_batch = int(global_batch)
         self.caps = proportional.caps_for(caps, self.nreplicas)
+        self.accumulation_steps = accumulation.check_steps(accumulation_steps)
+        self.accumulated = accumulation.AccumulatedGradients()
         # `log`: where a re-split is announced (default: printed by rank 0)
         self.log = log or (lambda msg: print(msg, flush=True) if self.rank == 0 else None)
         self.policy = make_policy("none" if policy is None else policy)
         if self.policy.sizes is None:        # asked once in a run: the launcher's policy comes with its split
             proposed, error = None, None
             try:
-                proposed = policy_calls.initial_split(self.policy, self.global_batch, self.nreplicas, self.caps,
+                proposed = policy_calls.initial_split(self.policy, self.global_batch, self.nreplicas, None,
                                                       self.rank, devices)
             except PyDTNNError as e:
                 error = e
@@ -84,7 +93,7 @@ class DataParallel:
         else:
             proposed = self.policy.sizes
         self.adopt(proposed if sizes is None else
-                   balance.check_split(sizes, self.global_batch, self.nreplicas, self.caps, "local batch sizes",
+                   balance.check_split(sizes, self.global_batch, self.nreplicas, None, "local batch sizes",
                                        self.policy.allow_zero))
         self.weights = make_weighting(weighting)      # weights(sizes) -> every replica's w_i
         self.weights(self.sizes)                      # a user's function that fails, fails before any step
@@ -94,11 +103,14 @@ class DataParallel:
         self.graphs = graphs
         self.clip_grad_norm = check_max_norm(clip_grad_norm)
         self.clipped_steps = 0         # steps whose reduced gradient was clipped (same count on every rank)
-        self.reducer = BucketedReducer(self.comm, model.grads) if non_blocking and self.nreplicas > 1 else None
+        self.compression = GradCompression(grad_compression)
+        self.reducer = (BucketedReducer(self.comm, model.grads, compression=self.compression)
+                        if non_blocking and self.nreplicas > 1 else None)
         # sync_batchnorm: BatchNorm layers use the global batch's statistics (one process: nothing to sync)
         self.sync_batchnorm = bool(sync_batchnorm) and self.nreplicas > 1
         self.timer = timer if timer is not None else StepTimer()
         self._bn_sync = BatchNormSync(self.comm, timer=self.timer) if self.sync_batchnorm else None
+        self.micro_batch_counts(self.sizes)          # a split too small for the micro-batches: refused now
         self.sync_batchnorm_layers(True)
         self._side_depth = 0
         self.plan_guard = None          # what guard_plans measured ({}: nothing to compare)
@@ -110,9 +122,12 @@ class DataParallel:
 
     # --- the split -------------------------------------------------------------------------------------
     def checked(self, sizes):
-        """A split the policy returned, or a one-line ConfigError naming the policy."""
-        return balance.check_split(sizes, self.global_batch, self.nreplicas, self.caps,
-                                   f"balance policy {self.policy.name}", self.policy.allow_zero)
+        """A split the policy returned (its micro-batches possible: `micro_batch_counts`), or a one-line
+        ConfigError naming the policy."""
+        sizes = balance.check_split(sizes, self.global_batch, self.nreplicas, None,
+                                    f"balance policy {self.policy.name}", self.policy.allow_zero)
+        self.micro_batch_counts(sizes)
+        return sizes
 
     def agreed(self, split, error, when):
         """The policy's split (or None) once every rank agrees on it (`pydtnn.parallel.balance.policy_calls`)."""
@@ -165,30 +180,80 @@ class DataParallel:
         """This replica's factor w_i on its mean gradient for a step of `step_sizes`."""
         return self.weights(step_sizes)[self.rank]
 
-    def forward_backward(self, x, y, weight, overlap=True, sync=True):
+    def forward_backward(self, x, y, weight, overlap=True, sync=True, accumulated=None):
         """Forward + backward on this rank's samples, gradients scaled by `weight`; with non_blocking the
         reduction's buckets start while backward runs (`overlap=False`: a pass that must not communicate).
         Nothing waits for the device inside; `sync` waits for it at the end (the step's compute time is
-        measured so); the loss returned is a scalar of the backend (`Backend.read_scalars` reads it)."""
+        measured so); the loss returned is a scalar of the backend (`Backend.read_scalars` reads it).
+        `accumulated` (the last micro-batch of several): the earlier ones' gradients are added in, each part
+        of the buffer before its bucket starts."""
         hook = None
         if self.reducer is not None and overlap:
             self.reducer.start_step()
             hook = self.reducer.ready
+        if accumulated is not None:
+            hook = accumulated.ready(hook)
         value, y_pred = self.model.compute_gradients(x, y, self.loss, loss_scale=weight, on_grads_ready=hook)
+        if accumulated is not None:
+            accumulated.finish()
         if sync:        # the step's compute time is the device's: wait for it (after backward, not inside)
             self.model.backend.synchronize()
         return value, y_pred
 
-    def local_gradients(self, x, y, weight, overlap=True, sync=True):
-        """`forward_backward` as a step runs it: replayed as a CUDA graph (`graphs`) where one serves, and
-        padded to the emulated device's deadline (`emulator`; the waits inside, synchronized BatchNorm's,
-        are no emulated compute)."""
+    def micro_batch_counts(self, step_sizes):
+        """Every replica's number of micro-batches in a step of `step_sizes` (`pydtnn.parallel.accumulation`;
+        with synchronized BatchNorm the same on all, or a ConfigError line)."""
+        return accumulation.micro_batch_counts(step_sizes, self.accumulation_steps, self.caps,
+                                               common=self.sync_batchnorm)
+
+    def own_micro_batches(self, b):
+        """How many micro-batches this replica runs on b rows on its own (K, more above its memory cap)."""
+        return accumulation.micro_batch_count(b, self.accumulation_steps, self.caps[self.rank] if self.caps else None)
+
+    def first_micro_batch(self, x, y):
+        """The rows of (x, y) a step's first micro-batch takes (all of them without accumulation)."""
+        n = self.own_micro_batches(len(x))
+        if n <= 1:
+            return x, y
+        lo, hi = accumulation.micro_batch_bounds(len(x), n)[0]
+        return x[lo:hi], y[lo:hi]
+
+    def local_gradients(self, x, y, weight, overlap=True, sync=True, micro_batches=None):
+        """`forward_backward` as a step runs it, on `micro_batches` micro-batches of the rows (default: this
+        replica's count for len(x) rows; `pydtnn.parallel.accumulation`) whose gradients add up to the
+        `weight`-scaled mean gradient of them all; the loss is theirs, weighted by their sizes, and the
+        predictions all of theirs. Each micro-batch replays a CUDA graph (`graphs`) where one serves and is
+        padded to the emulated device's deadline for its own rows (`emulator`: a device pays its fixed cost
+        per micro-batch; the waits inside, synchronized BatchNorm's, are no emulated compute)."""
+        b = len(x)
+        n = self.own_micro_batches(b) if micro_batches is None else micro_batches
+        if n <= 1:
+            return self._micro_batch(x, y, weight, overlap, sync)
+        acc = self.accumulated
+        acc.start(self.model.grads)
+        if self.graphs is not None:
+            self.graphs.micro_batches = True
+        total, preds = None, []
+        for j, (lo, hi) in enumerate(accumulation.micro_batch_bounds(b, n)):
+            last = j == n - 1
+            value, y_pred = self._micro_batch(x[lo:hi], y[lo:hi], weight * ((hi - lo) / b), overlap and last,
+                                              sync and last, acc if last else None)
+            if not last:
+                acc.add()
+                y_pred = y_pred.copy()          # the next micro-batch's forward reuses the layers' buffers
+            value = value * ((hi - lo) / b)
+            total = value if total is None else total + value
+            preds.append(y_pred)
+        acc.finish()                            # (a replayed graph calls no hook: the sum is added here)
+        return total, self.model.xp.concatenate(preds)
+
+    def _micro_batch(self, x, y, weight, overlap, sync, accumulated=None):
         emulating = self.emulator is not None and self.emulator.active
         start = self.emulator.clock() if emulating else None
         waited = self.timer.step_wait_s
 
         def eager():
-            return self.forward_backward(x, y, weight, overlap, sync)
+            return self.forward_backward(x, y, weight, overlap, sync, accumulated)
         value, y_pred = eager() if self.graphs is None else self.graphs.gradients(x, y, weight, eager, sync=sync)
         if emulating:
             with self.timer.phase("emulated slowdown", category="backward"):
@@ -202,6 +267,7 @@ class DataParallel:
         emulator = self.emulator
         if emulator is None or not emulator.active or emulator.calibrated or not len(x):   # 0: sitting out
             return
+        x, y = self.first_micro_batch(x, y)          # what a pass runs at once (and memory holds)
 
         def once():
             self.model.compute_gradients(x, y, self.loss, loss_scale=weight)
@@ -218,11 +284,12 @@ class DataParallel:
         return 0.0, None
 
     def reduce(self):
-        """The SUM-allreduce of the weighted gradients: every rank then holds sum_i w_i g_i."""
+        """The SUM-allreduce of the weighted gradients: every rank then holds sum_i w_i g_i (sent in 16 bits with
+        `grad_compression`)."""
         if self.reducer is not None:
             self.reducer.finish()
         elif self.nreplicas > 1:
-            self.comm.allreduce_sum_(self.model.grads)
+            self.compression.allreduce_sum_(self.comm, self.model.grads)
 
     def update(self):
         if self.clip_grad_norm:    # on the reduced gradient: every replica clips the same buffer alike
@@ -231,25 +298,29 @@ class DataParallel:
 
     # --- the step protocol -----------------------------------------------------------------------------
     def step(self, x, y, weight, share, *, metric_fns=(), data_error=False, flags=None,
-             lagged=False) -> StepRecord:
+             lagged=False, step_sizes=None) -> StepRecord:
         """One step on this rank's b_i samples (x, and y on the device), 1. to 4. of the module's protocol;
         returns the record every rank agrees on. `weight`: this replica's w_i; `share`: b_i / the step's
         samples (the loss and `metric_fns` are reported b_i-weighted whatever the gradient weighting);
         `data_error` and the flags `flags()` returns (read after the update: a signal during the step counts
         in it) are agreed on with the record. `lagged` (one replica): nothing waits for the device; returns a
         `LaggedStep`, its flags known, its record read by `settled()`. With an emulator that follows
-        full-speed replicas (`emulate_reference`), their compute per sample is its clock after each step."""
+        full-speed replicas (`emulate_reference`), their compute per sample is its clock after each step.
+        `step_sizes`: every replica's b_i in this step, which decide the micro-batches every replica runs with
+        synchronized BatchNorm (default: this replica's own count, `pydtnn.parallel.accumulation`)."""
         b_i = len(x)
+        micro = None if step_sizes is None else self.micro_batch_counts(step_sizes)[self.rank]
         if lagged and self.nreplicas > 1:
             raise ValueError("a lagged step needs one replica: several reduce their records every step")
         backend = self.model.backend
         self.timer.start_step(b_i)
         start = backend.mark() if lagged else None
         with self.timer.compute(None):       # the layers' own events show it when tracing
-            value, y_pred = (self.local_gradients(x, y, weight, sync=not lagged) if b_i
+            value, y_pred = (self.local_gradients(x, y, weight, sync=not lagged, micro_batches=micro) if b_i
                              else self.no_samples(x, y, weight))
         end = backend.mark() if lagged else None
-        with self.timer.wait("allreduce", bytes=0 if self.nreplicas == 1 else int(self.model.grads.nbytes)):
+        sent = 0 if self.nreplicas == 1 else self.compression.wire_nbytes(self.model.grads)   # bytes on the wire
+        with self.timer.wait("allreduce", bytes=sent):
             self.reduce()
         with self.timer.phase("update", category="update"):
             self.update()
@@ -283,7 +354,7 @@ class DataParallel:
         y = self.model.backend.asarray(as_targets(y_local, self.model.output_shape[-1], self.model.dtype))
         if self.emulator is not None:
             self.emulator.step = self.steps
-        record = self.step(x_local, y, self.weight(self.sizes), b_i / self.global_batch)
+        record = self.step(x_local, y, self.weight(self.sizes), b_i / self.global_batch, step_sizes=self.sizes)
         self.after_step(self.steps, record)
         self.steps += 1
         return record.loss
@@ -319,6 +390,7 @@ class DataParallel:
         conv = getattr(self.model.backend, "conv", None)
         if self.plan_guard is not None or conv is None:
             return
+        x, y = self.first_micro_batch(x, y)          # the plans of the passes a step runs
         with self.side_passes():
             self.plan_guard = conv.guard(lambda: self.forward_backward(x, y, weight, overlap=False))
 

@@ -9,6 +9,10 @@ graphs`). So:
   as in PyTorch, what the libraries keep per stream and the kernels loaded on first use exist before the
   capture); other shapes (an epoch's shorter last batch) run eagerly. One graph at a time: each keeps a
   step's activations;
+- with gradient accumulation (--accumulation_steps) each micro-batch's forward and backward replays the graph
+  of its shape and loss weight (its share of the local batch): micro-batches of one size share one graph, and
+  of two sizes (a local batch K does not divide) the other size runs eagerly; the earlier micro-batches'
+  gradients are added after each replay, outside the graph;
 - the parameters, gradients and running statistics it writes must stay where they are: when any has moved
   (weights loaded into new arrays), the graph is dropped and captured again after the warm-up;
 - the optimizer's update, the reduction and the step's numbers run after the graph, as before (the learning
@@ -50,12 +54,14 @@ class StepGraphs:
         self.seen = Counter()          # eager steps of each key since the last capture
         self.off = None                # why graphs are off here (said once)
         self.captures = self.replays = 0
+        self.micro_batches = False     # a step ran as micro-batches (--accumulation_steps): each pass replays
 
     def summary(self) -> str:
         """One line: how many steps replayed a graph, or why none did."""
         if self.off is not None:
             return f"CUDA graphs: off ({self.off}); {self.replays} step(s) replayed before"
-        return (f"CUDA graphs: {self.replays} step(s) replayed, {self.captures} capture(s)"
+        passes = "micro-batch pass(es)" if self.micro_batches else "step(s)"
+        return (f"CUDA graphs: {self.replays} {passes} replayed, {self.captures} capture(s)"
                 + ("" if self.replays else f" (a batch shape is captured after {WARMUP} eager steps of it)"))
 
     def _anchors(self):

@@ -18,6 +18,7 @@ import numpy as np
 from pydtnn.launch.flags import (OneLineParser, boolean, float_list, nonneg_float, policy_options, positive_int,
                                  positive_int_list)
 from pydtnn.errors import ConfigError, PyDTNNError
+from pydtnn.parallel.comm.compression import GRAD_COMPRESSIONS
 
 SAMPLES = {"mnist": 60000, "cifar10": 50000, "imagenet": 1281167}
 SWEEP_POLICIES = ("equal", "static", "dynamic")
@@ -88,6 +89,8 @@ def build_parser():
     r.add_argument("--non_blocking_mpi", type=boolean, default=False)
     r.add_argument("--sync_batchnorm", type=boolean, default=False)
     r.add_argument("--bucket_bytes", type=positive_int, default=1 << 20)
+    r.add_argument("--grad_compression", default="none", choices=GRAD_COMPRESSIONS,
+                   help="the gradient sent in 16 bits: half the modelled bytes of a float32 profile, plus the casts")
     r.add_argument("--stragglers", default=None, help="K:FACTOR[:PERIOD]")
     r.add_argument("--noise", type=nonneg_float, default=0.0, help="sigma of a lognormal factor on compute")
     r.add_argument("--steps", type=positive_int, default=100)
@@ -206,6 +209,7 @@ def _scenario(a, P, policy, profiles, speed_factors, devices=None, cost_index=No
                     sync_bn=a.sync_batchnorm, algorithm=a.network_alg, nodes=a.nodes, noise=a.noise,
                     stragglers=stragglers, steps=a.steps, steps_per_epoch=a.steps_per_epoch, samples=_samples(a)[0],
                     rebalance_interval=a.rebalance_interval, bucket_bytes=a.bucket_bytes, seed=a.seed,
+                    grad_compression=a.grad_compression,
                     balance_options=a.balance_options if policy == {"none": "equal"}.get(a.balance, a.balance) else None,
                     devices=devices, cost_model=a.cost.model if a.cost is not None else None, cost_index=cost_index,
                     network_inter=a.inter.network)
@@ -306,7 +310,9 @@ def _run_talking(a, talk):
     if a.cost is not None and a.cost.model_name != model_name:
         a.cost.check_model(model_name, 0)
     talk.say(f"pydtnn-simulate: {P} replica(s) of {model_name}, global batch {a.global_batch_size}, {a.steps} "
-             f"steps, policy {policy}")
+             f"steps, policy {policy}"
+             + (f", gradients sent in {a.grad_compression} (2 bytes an element, plus the casts)"
+                if a.grad_compression != "none" else ""))
     if profiles is None:
         with talk.phase("setting up: the model's layers"):
             profiles = _profiles(a, P)

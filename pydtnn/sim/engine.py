@@ -43,6 +43,7 @@ class Scenario:
     samples: int = 50000
     rebalance_interval: int = 20
     bucket_bytes: int = 1 << 20
+    grad_compression: str = "none"     # fp16 / bf16: the gradient sent in 2 bytes an element (`step_model`)
     seed: int = 0
     balance_options: dict | None = None
     devices: list | None = None        # one of "cpu" / "gpu" per replica (what a policy is told)
@@ -135,7 +136,8 @@ def _step_model(sc, sizes, collective, emulate, ranks_at_work):
         alone = StepModel(sc.profiles, sizes, collective, groups=groups).compute_alone * contention
         scale = np.where(alone > 0, wanted / np.maximum(alone, 1e-300), 1.0)    # the model's time, contention in
     return StepModel(sc.profiles, sizes, collective, non_blocking=sc.non_blocking, sync_bn=sc.sync_bn,
-                     bucket_bytes=sc.bucket_bytes, emulate=emulate, contention=contention, scale=scale, groups=groups)
+                     bucket_bytes=sc.bucket_bytes, emulate=emulate, contention=contention, scale=scale, groups=groups,
+                     compression=sc.grad_compression)
 
 
 def _contention(groups, ranks_at_work):

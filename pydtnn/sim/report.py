@@ -19,7 +19,9 @@ def summary_text(result, best=None, max_rows=16) -> str:
     sc = result.scenario
     eff = scaling_efficiency(result)
     lines = [f"simulated {sc.steps} steps of {sc.replicas} replica(s), global batch {sc.global_batch}, "
-             f"policy {sc.policy}, allreduce {sc.algorithm}{' (overlapped)' if sc.non_blocking else ''}",
+             f"policy {sc.policy}, allreduce {sc.algorithm}{' (overlapped)' if sc.non_blocking else ''}"
+             + (f", gradients sent in {sc.grad_compression} (2 bytes an element, plus the casts)"
+                if sc.grad_compression != "none" else ""),
              f"step time   {result.step_seconds * 1e3:.3f} ms  (median {np.median(result.step_times) * 1e3:.3f}, "
              f"p95 {np.percentile(result.step_times, 95) * 1e3:.3f})",
              f"epoch time  {result.epoch_seconds:.3f} s  ({result.steps_per_epoch} steps)",
@@ -81,7 +83,8 @@ def to_json(result, best=None, sweep=None) -> dict:
            "step_seconds_p95": float(np.percentile(result.step_times, 95)),
            "scaling_efficiency": scaling_efficiency(result), "replicas": sc.replicas,
            "global_batch_size": sc.global_batch, "policy": sc.policy, "network_alg": sc.algorithm,
-           "non_blocking_mpi": sc.non_blocking, "rebalances": result.rebalances,
+           "non_blocking_mpi": sc.non_blocking, "grad_compression": sc.grad_compression,
+           "rebalances": result.rebalances,
            "first_split": result.extra.get("first_split", "initial_sizes"), "sizes": list(result.sizes),
            "per_replica": result.per_replica}
     if best is not None:

@@ -19,6 +19,14 @@ variability factor of that replica (noise, stragglers, its speed factor).
   always, then waits until b_i * t_ref / (f / max f), t_ref the per-sample compute time of the full-speed
   replicas (the emulator's deadline).
 
+- ``--grad_compression fp16|bf16``: the gradient crosses the network in 2 bytes an element instead of the
+  profile's ``dtype_bytes`` (every reduction and bucket sends that fraction of its bytes; the buckets cut the
+  buffer where they would without it, as the trainer's do). The casts, before the reduction and back after,
+  are passes over the buffer that only move memory: reading d and writing 2 bytes an element, then reading 2 and
+  writing d, 2 (d + 2) bytes against the 5 d of the profile's update (calibrate's and the roofline's are SGD with
+  momentum: read the weight, the gradient and the velocity, write the weight and the velocity), so they cost
+  update_s x 2 (d + 2) / (5 d), the profile's update as the yardstick of this device's memory speed; they
+  follow the reduction (the trainer times them inside it).
 - ``contention``: each replica's slowdown from the other ranks on its node (the profile's contention
   factor at that node's rank count), on all of its local work: compute, the per-step overhead, the update.
 
@@ -70,7 +78,8 @@ class StepModel:
     computed once per kind: memory and time grow with P only through (P,)- and (P, points)-arrays."""
 
     def __init__(self, profiles, sizes, collective: Collective, *, non_blocking=False, sync_bn=False,
-                 bucket_bytes=1 << 20, emulate=None, update_s=None, contention=None, scale=None, groups=None):
+                 bucket_bytes=1 << 20, emulate=None, update_s=None, contention=None, scale=None, groups=None,
+                 compression="none"):
         self.sizes = np.asarray(sizes, dtype=np.float64)
         P = self.sizes.size
         slow = np.ones(P) if contention is None else np.asarray(contention, dtype=np.float64)
@@ -131,8 +140,11 @@ class StepModel:
         self.points, self.within_kind = points, within                         # (K, points): per kind
         self.collective = collective
         self.sync_s = {k: collective(p[2]) for k, p in enumerate(points) if p[1] == "sync"}
-        self.bucket_s = collective(np.asarray(buckets, dtype=np.float64)) if buckets else np.zeros(0)
-        self.full_s = float(collective(float(first.param_bytes.sum()))) if P > 1 else 0.0
+        d = float(first.dtype_bytes)
+        wire = 2.0 / d if compression != "none" else 1.0                      # bytes sent per byte of gradient
+        self.bucket_s = collective(np.asarray(buckets, dtype=np.float64) * wire) if buckets else np.zeros(0)
+        self.full_s = float(collective(float(first.param_bytes.sum()) * wire)) if P > 1 else 0.0
+        self.cast_s = self.update_s * 2 * (d + 2) / (5 * d) if compression != "none" and P > 1 else 0.0
         # the trainer's per-step stats reduction: loss, metrics, P compute times, 3 flags (float64)
         self.stats_s = float(collective(8.0 * (P + 8))) if P > 1 else 0.0
         self.non_blocking = bool(buckets)
@@ -177,4 +189,5 @@ class StepModel:
             reduced = max(c, last)
         else:
             reduced = last + self.full_s
+        reduced += self.cast_s
         return reduced + self.update_s + self.stats_s, end, reduced - busy

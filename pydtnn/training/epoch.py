@@ -100,8 +100,11 @@ class EpochLoop:
             t.run_first_step = (seconds, sum(sizes))
         timing = t.insight.end_step(sizes, record, seconds)
         if not math.isfinite(record.loss):
+            overflow = ("; with --grad_compression fp16 a gradient element above 65504 becomes inf: bf16 has "
+                        "float32's range"
+                        if t.dp.compression.name == "fp16" and t.nreplicas > 1 else "")
             raise NumericalError(f"the loss became {record.loss} at epoch {epoch + 1}, step {step + 1}: "
-                                 f"training diverged (try a lower --learning_rate)")
+                                 f"training diverged (try a lower --learning_rate{overflow})")
         step_total = sum(sizes)
         self.sums += record.means * step_total
         self.samples += step_total

@@ -87,8 +87,9 @@ class Trainer:
                                non_blocking=par.non_blocking, sync_batchnorm=par.sync_batchnorm,
                                clip_grad_norm=par.clip_grad_norm, timer=self.timer, devices=par.devices,
                                log=self.log, emulator=emulator, emulate_reference=emu.emulate_reference,
-                               graphs=self._step_graphs(model, par, out) if run.cuda_graphs else None)
-        self.caps, self.policy, self.reducer = self.dp.caps, self.dp.policy, self.dp.reducer
+                               graphs=self._step_graphs(model, par, out) if run.cuda_graphs else None,
+                               accumulation_steps=par.accumulation_steps, grad_compression=par.grad_compression)
+        self.policy, self.reducer = self.dp.policy, self.dp.reducer
         if self.reducer is not None and self.tracer_output:
             self.reducer.timeline = self.timeline
         self.sync_batchnorm = self.dp.sync_batchnorm
@@ -104,7 +105,9 @@ class Trainer:
         # the loop's own callbacks (pydtnn.training.loop_callbacks), run after the schedulers and the user's
         self.history_writer = HistoryWriter(out.history_file) if out.history_file else None
         self.progress_bar = ProgressBar(self.metric_names) if self.progress else None
-        self.eval_batch_size = run.eval_batch_size or max(self.sizes)
+        # evaluation in batches of the largest pass of training (a local batch, or its largest micro-batch)
+        self.eval_batch_size = run.eval_batch_size or max(-(-b // n) for b, n in
+                                                          zip(self.sizes, self.dp.micro_batch_counts(self.sizes)) if n)
         self.flags = out.flags or {}
         self.stop_training = False
         self.history: list[dict] = []
@@ -142,6 +145,7 @@ class Trainer:
     # the split in force and the clipping count live in the engine (self.dp); the checkpoint cadence and the
     # stop the ranks agreed on in self.checkpoints
     sizes = property(lambda self: self.dp.sizes, lambda self, sizes: self.dp.adopt(sizes))
+    caps = property(lambda self: self.dp.caps)       # a pass's memory caps (a GPU's measured one after the probe)
     clipped_steps = property(lambda self: self.dp.clipped_steps)
     stop_requested = property(lambda self: self.checkpoints.stop_requested)
     checkpoint_dir = property(lambda self: self.checkpoints.checkpoint_dir)

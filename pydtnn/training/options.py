@@ -33,6 +33,8 @@ class Parallelism:
     sync_batchnorm: bool = False
     max_local_batch: Any = None
     clip_grad_norm: float = 0.0
+    accumulation_steps: int = 1         # each replica's local batch as K micro-batches (pydtnn.parallel.accumulation)
+    grad_compression: str = "none"      # the weighted gradient reduced in 16 bits (pydtnn.parallel.comm.compression)
 
 
 @dataclass

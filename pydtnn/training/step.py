@@ -78,7 +78,8 @@ class TrainerStep:
         weight = self.dp.weight(step_sizes)
         self.dp.calibrate_emulation(x, y, weight)       # before the step's timer: not its compute
         record = self.dp.step(x, y, weight, len(indices) / sum(step_sizes), metric_fns=self.metric_fns,
-                              data_error=data_error is not None, flags=flags, lagged=self.lagged)
+                              data_error=data_error is not None, flags=flags, lagged=self.lagged,
+                              step_sizes=step_sizes)
         self.dp.guard_plans(x, y, weight)               # after the first step: its plans built and tuned
         self.inputs.done(ticket)
         if record.data_error:

@@ -17,7 +17,7 @@ import numpy as np
 from pydtnn import plugins
 from pydtnn.callbacks import state_keys
 from pydtnn.errors import CheckpointError, ConfigError, OutputError, PyDTNNError
-from pydtnn.parallel.balance import policy_calls, proportional
+from pydtnn.parallel.balance import policy_calls
 from pydtnn.parallel.comm import raise_together
 from pydtnn.training.checkpointing import load_checkpoint, save_checkpoint
 
@@ -78,7 +78,7 @@ def restore(trainer, path, keep_split=True, learning_rate=None, restore_optimize
         t.resumed_partial = part
     _restore_rng(t, meta["rng_states"], path, meta["seed"])
     if keep_split and same_layout:
-        t.sizes = _within_caps(t, list(meta["sizes"]))
+        t.sizes = list(meta["sizes"])          # memory caps bound micro-batches, not shares: it stands as saved
         t.restored_split = True
     saved = dict((name, st) for name, st in meta["schedulers"])
     for s in t.schedulers:
@@ -167,13 +167,6 @@ def resume_partial_epoch(part, sums, stats, rank, nreplicas):
 
 
 # --- the pieces of a resume ----------------------------------------------------------------------------
-def _within_caps(t, sizes):
-    """A restored split under this run's memory caps (re-split in proportion to it where it exceeds them)."""
-    if t.caps and any(b > c for b, c in zip(sizes, t.caps)):
-        return proportional.partition(t.global_batch, sizes, t.caps)
-    return sizes
-
-
 def _rng_state(model):
     rng = model.backend.rng
     state = rng.bit_generator.state if hasattr(rng, "bit_generator") else None

@@ -25,9 +25,15 @@ def _log_on_stream(name, stream):
 
 NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_INT64 = 0, 1, 2, 4
 NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64 = 6, 7, 8
+NCCL_BFLOAT16 = 9      # CuPy's cupy_backends/cuda/libs/nccl.pxd: ncclBfloat16 (NCCL >= 2.10)
 NCCL_SUM = 0
 _DTYPES = {NCCL_INT8: np.int8, NCCL_UINT8: np.uint8, NCCL_INT32: np.int32, NCCL_INT64: np.int64,
            NCCL_FLOAT16: np.float16, NCCL_FLOAT32: np.float32, NCCL_FLOAT64: np.float64}
+try:                   # CuPy 14 gives bf16 arrays ml_dtypes' dtype
+    import ml_dtypes
+    _DTYPES[NCCL_BFLOAT16] = ml_dtypes.bfloat16
+except ImportError:
+    pass
 
 
 def _int(v, what):
@@ -69,10 +75,12 @@ class NcclCommunicator:
         def run():
             if self.ndev > 1:
                 from mpi4py import MPI
-                if sendbuf == recvbuf:
-                    MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, recv, op=MPI.SUM)
-                else:
-                    MPI.COMM_WORLD.Allreduce(send, recv, op=MPI.SUM)
+                from pydtnn.parallel.comm.half_sum import half_sum_args, is_half
+                # NCCL adds 16-bit floats pairwise, each sum rounded to the format: as half_sum's MPI operation
+                buffer, mpi_op = half_sum_args(MPI, recv) if is_half(recv) else (recv, MPI.SUM)
+                if sendbuf != recvbuf:
+                    recv[...] = send
+                MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, buffer, op=mpi_op)
             elif sendbuf != recvbuf:
                 recv[...] = send
         graphs.launch("nccl", "allReduce", run, stream=int(stream), count=False)

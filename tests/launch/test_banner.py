@@ -3,7 +3,7 @@ the precision, the outputs), every parameter and the model's layers with --verbo
 import types
 
 from paths import sibling
-from pydtnn.launch.banner import _outputs_line, _replicas_line
+from pydtnn.launch.banner import _compression_line, _outputs_line, _replicas_line
 from pydtnn.launch.flags import build_parser, flag_dests, parse_args
 
 cli_tests = sibling("launch", "test_cli")
@@ -93,3 +93,13 @@ def test_the_outputs_line_says_what_is_written_and_when():
         "on SIGTERM, SIGUSR1 or Ctrl-C")
     flags.update(evaluate_only=True)
     assert _outputs_line(types.SimpleNamespace(**flags)) == "outputs: none (--evaluate_only true)"
+
+
+def test_the_compression_line_says_the_format_and_its_bound():
+    """--grad_compression's line (a data-parallel run's banner): the format, and the bound with this run's P."""
+    assert _compression_line("fp16", 3) == (
+        "gradients reduced in fp16 (2 bytes an element on the wire): each element within about 3 x 2^-11 x "
+        "sum_i |w_i g_i| of the exact sum (docs/data_parallel.md#compressed-reductions)")
+    assert "within about 8 x 2^-8 x" in _compression_line("bf16", 8)
+    assert (_compression_line("bf16", 1)
+            == "gradient compression bf16: one replica reduces nothing, so nothing is compressed")

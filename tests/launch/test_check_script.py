@@ -68,10 +68,12 @@ def test_check_script_dry_run_order_limits_summary_and_out_files(tmp_path):
 def test_check_script_stage_timeout_and_spent_total_limit(tmp_path):
     """A stage past its limit is stopped there and says so (not a failure); stages that would start with
     under 10 s of the total limit left say they did not start; the header's stage limits follow the knobs and
-    sum to its total. Controlled delays: mixed sleeps 3 s against a 1 s limit, mnist 6 s."""
-    r, out = _dry_run(tmp_path, GPU_CHECK_TOTAL_LIMIT=16, GPU_CHECK_SKIP="decisive conformance",
-                      GPU_CHECK_LIMIT_mixed=1, GPU_CHECK_DRY_SLEEP="mixed=3 mnist=6")
-    limits = re.search(r"total limit 16s; stage limits \((\d+)s\):(.*)$", r.stdout.splitlines()[0])
+    sum to its total. Controlled delays: mixed sleeps 3 s against a 1 s limit, mnist 11 s. With a total of 22 s,
+    the stages before mnist (versions, bench, loop, mixed: at least mixed's 1 s) may take 1 to 11 s: mnist starts
+    (under 12 s spent), is not stopped (11 s of its limit), and spends the total before resume (over 12 s)."""
+    r, out = _dry_run(tmp_path, GPU_CHECK_TOTAL_LIMIT=22, GPU_CHECK_SKIP="decisive conformance",
+                      GPU_CHECK_LIMIT_mixed=1, GPU_CHECK_DRY_SLEEP="mixed=3 mnist=11")
+    limits = re.search(r"total limit 22s; stage limits \((\d+)s\):(.*)$", r.stdout.splitlines()[0])
     pairs = dict(p.split("=") for p in limits.group(2).split())
     assert pairs["mixed"] == "1" and sum(map(int, pairs.values())) == int(limits.group(1))
     lines = _stage_lines(r.stdout)
@@ -80,21 +82,22 @@ def test_check_script_stage_timeout_and_spent_total_limit(tmp_path):
     assert lines["mixed"].startswith("mixed: stopped at its 1s limit (by timeout)")
     assert lines["mnist"].startswith("mnist: dry run ok")
     for name in ("resume", "nccl"):
-        assert lines[name].startswith(f"{name}: not started (the check's 16s total limit is spent at "), lines[name]
+        assert lines[name].startswith(f"{name}: not started (the check's 22s total limit is spent at "), lines[name]
     assert _stage_lines((out / "summary.txt").read_text()) == lines
     assert r.stdout.splitlines()[-1] == "check incomplete: no stage failed; stopped at its limit: mixed; " \
                                         "not started: resume nccl"
 
 
 def test_check_script_pytest_stage_stopped_at_its_deadline_and_a_failure(tmp_path):
-    """The decisive stage for real (not a dry run) on this machine without a GPU. With an 8 s limit its
-    pytest deadline (8 s before the end) is reached before the first test: the stage ends by itself, keeps
+    """The decisive stage for real (not a dry run) on this machine without a GPU. With a 40 s limit and its
+    pytest deadline 40 s before the end (GPU_CHECK_DEADLINE_MARGIN), the deadline is reached before the first
+    test, however long pytest takes to start (under 40 s): the stage ends by itself, keeps
     its JUnit XML and reports "stopped at its limit", and the check is incomplete, not failed. With its
     default limit its tests run and skip (no GPU): a decisive test that skips has shown nothing, so the stage
     fails, with its last lines, and the check fails with exit status 1."""
-    r, out = _run(tmp_path, GPU_CHECK_ONLY="decisive", GPU_CHECK_LIMIT_decisive=8)
+    r, out = _run(tmp_path, GPU_CHECK_ONLY="decisive", GPU_CHECK_LIMIT_decisive=40, GPU_CHECK_DEADLINE_MARGIN=40)
     line = _stage_lines(r.stdout)["decisive"]
-    assert line.startswith("decisive: stopped at its 8s limit in ") and line.endswith("(of 0 run)"), line
+    assert line.startswith("decisive: stopped at its 40s limit in ") and line.endswith("(of 0 run)"), line
     assert re.search(r"^    \| STOPPED: the stage's deadline: \d+ test\(s\) not run$", r.stdout, re.M), r.stdout
     assert '<testsuite name="decisive"' in (out / "conformance.xml").read_text()
     assert r.stdout.splitlines()[-1] == "check incomplete: no stage failed; stopped at its limit: decisive"

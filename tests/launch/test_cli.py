@@ -69,8 +69,6 @@ BAD = {
     "bad speeds": (["--replica_speeds", "1,-2"], "replica_speeds"),
     "speeds without static balance": (["--replica_speeds", "1,2"], "--balance static"),
     "unknown flag": (["--batchsize", "3"], "batchsize"),
-    "caps below the batch": (["--batch_size", "64", "--max_local_batch", "32"],
-                             "caps [32] (--max_local_batch) hold 32 samples, fewer than the global batch 64"),
     "zero cap": (["--max_local_batch", "0"], "max_local_batch"),
     "missing model file": (["--model", "/nonexistent/my_model.py"], "my_model.py"),
     "nan loss": (["--learning_rate", "1e30", "--num_epochs", "2"], "loss"),

@@ -132,8 +132,8 @@ def test_the_initial_split_is_the_policys_checked_split():
     policy = StaticPolicy([1, 2, 3])
     split = initial_split(p, policy, local.model, local.dataset, 3)
     assert (split.global_batch, split.caps) == (60, [25, 25, 25])
-    # [10, 20, 30] capped at 25: the 5 over the cap go 1:2 to the others (11.7, 23.3, rounded to sum 60)
-    assert split.sizes == policy.sizes == [12, 23, 25]
+    # memory caps bound a pass, not a share: [10, 20, 30] stands, replica 2 runs its 30 as 2 micro-batches of 15
+    assert split.sizes == policy.sizes == [10, 20, 30]
     with pytest.raises(ConfigError, match="a global batch of 65 samples is larger than the 64 training"):
         initial_split(cli.parse_args(FAST + ["--global_batch_size", "65"]), policy, local.model,
                       local.dataset, 1)

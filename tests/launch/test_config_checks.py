@@ -276,3 +276,21 @@ def test_a_checkpoints_emulation_is_checked_when_restored(flag, stored, needle):
     p = parse_args(["--resume", "ck.npz", "--parallel", "data"])      # not restored: not read, one line says so
     _, _, lines = cc.merge_resumed_flags(build_parser(), p, frozenset({"resume", "parallel"}), saved, "ck.npz")
     assert any("this run does not (--restore_emulation true would)" in line for line in lines)
+
+
+def test_grad_compression_is_kept_in_checkpoints_and_taken_back_unless_given():
+    """--grad_compression changes the numerics: a resumed run compresses as its checkpoint's run did, unless its
+    own command line says otherwise."""
+    assert "grad_compression" not in cc.EXECUTION_FLAGS
+    argv = ["--resume", "ck.npz"]
+    p = parse_args(argv)
+    changes, _, _ = cc.merge_resumed_flags(build_parser(), p, cc.given_flags(build_parser, argv),
+                                           _saved(grad_compression="bf16"), "ck.npz")
+    assert p.grad_compression == "bf16" and changes["grad_compression"] == "bf16"
+    argv = ["--resume", "ck.npz", "--grad_compression", "none"]
+    p = parse_args(argv)
+    cc.merge_resumed_flags(build_parser(), p, cc.given_flags(build_parser, argv), _saved(grad_compression="bf16"),
+                           "ck.npz")
+    assert p.grad_compression == "none"
+    with pytest.raises(ConfigError, match="give --grad_compression none"):      # resumed as one process
+        cc.configure(parse_args(["--resume", "ck.npz", "--grad_compression", "fp16"]), 1)

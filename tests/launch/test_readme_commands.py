@@ -277,6 +277,8 @@ ACCOUNTED_FOR = {
     ("docs/performance-history.md", "NUMBA_CPU_NAME="): "a benchmark of minutes, dated as measured",
     ("docs/simulation.md", "pydtnn-simulate "): "the simulator's synopsis; its subcommands run in tests/sim",
     ("docs/simulation.md", "mpiexec -n 3 "): "tests/sim/test_sim_devices.py runs it (the shipped example's run)",
+    ("docs/simulation.md", "python scripts/experiments/compression_sweep.py"):
+        "tests/sim/test_compression_sweep_doc.py runs it and checks the page's table and sentence",
 }
 
 

@@ -47,6 +47,14 @@ CASES = {
     "fpm without --parallel data": (["--balance", "fpm"], "it needs --parallel data"),
     "an emulated fixed cost of a year": (["--emulate_costs", "31536000s+1.0"], "at most 60 s"),
     "an infinite emulated schedule factor": (["--emulate_schedule", "0:1e999@0-2"], "1 <= FACTOR <= 1000"),
+    # issue 47: gradient accumulation
+    "no accumulation steps": (["--accumulation_steps", "0"], "--accumulation_steps: must be a positive integer, got 0"),
+    "a fraction of an accumulation step": (["--accumulation_steps", "1.5"], "--accumulation_steps: invalid"),
+    # issue 47: compressed reductions
+    "compression without --parallel data": (["--grad_compression", "fp16"],
+                                            "--grad_compression fp16 compresses the gradients replicas exchange: it "
+                                            "needs --parallel data"),
+    "an unknown compression": (["--grad_compression", "fp8"], "--grad_compression: invalid choice: 'fp8'"),
 }
 
 

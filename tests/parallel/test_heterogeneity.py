@@ -71,19 +71,34 @@ def test_static_balance_with_probed_speeds_splits_two_to_one():
     assert printed_split(r.stdout) == [160, 80]
 
 
-def test_memory_caps_bound_the_static_and_dynamic_splits(tmp_path):
+def test_memory_caps_bound_a_pass_not_the_static_and_dynamic_splits(tmp_path):
+    """--max_local_batch below a replica's share: it trains its share as micro-batches of at most its cap, and
+    the split is the policy's without the cap (caps used to bound the split: [20, 40], then (70, 50))."""
     r = launch(2, ["--balance", "static", "--replica_speeds", "1,1", "--max_local_batch", "20,100",
                    "--global_batch_size", 60, "--synthetic_samples", 120, "--num_epochs", 1], virtual=False)
-    assert printed_split(r.stdout) == [20, 40]
+    assert printed_split(r.stdout) == [30, 30]
+    assert "memory caps 20,100 samples a pass, one reduction and one update per step; micro-batches 30 = 2 x 15; " \
+           "30 = 1 x 30" in r.stdout, r.stdout
     history = tmp_path / "h.json"
-    # rank 0 is twice as fast and would take 2/3 of B = 120 (80), but holds at most 70
+    # rank 0 is twice as fast and takes 2/3 of B = 120 (80), in 2 micro-batches of 40 under its cap of 70
     launch(2, ["--balance", "dynamic", "--rebalance_interval", 4, "--emulate_speeds", "1,0.5",
                "--max_local_batch", "70", "--global_batch_size", 120, "--synthetic_samples", 1200,
                "--steps_per_epoch", 8, "--num_epochs", 3, "--learning_rate", 0.01, "--history_file", history])
     rows = json.loads(history.read_text())
     splits = [(h["rank0_b"], h["rank1_b"]) for h in rows]
-    assert all(a <= 70 and b <= 70 and a + b == 120 for a, b in splits), splits    # never over a cap
-    assert splits[-1] == (70, 50), splits        # the measured speeds push rank 0 up to its cap
+    assert splits[-1] == (80, 40), splits
+
+
+def test_fpm_split_is_the_same_with_a_memory_cap_below_a_share(tmp_path):
+    """In virtual time a pass of b rows costs b x COST, so a share run as micro-batches costs what it costs at
+    once: the fpm probe times rank 0's points above its cap of 40 as micro-batches and finds the same split."""
+    splits = {}
+    for caps in ([], ["--max_local_batch", "40,120"]):
+        r = launch(2, ["--balance", "fpm", "--emulate_speeds", "1,0.5", "--global_batch_size", 120,
+                       "--synthetic_samples", 240, "--num_epochs", 1, *caps])
+        splits[bool(caps)] = printed_split(r.stdout)
+    assert splits[True] == splits[False] == [80, 40], splits
+    assert "micro-batches 80 = 2 x 40; 40 = 1 x 40" in r.stdout, r.stdout
 
 
 def test_equal_split_makes_the_fast_replica_wait(tmp_path):

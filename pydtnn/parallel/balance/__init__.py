@@ -57,8 +57,9 @@ class BalancePolicy:
     get 0 samples), ``checkpoint_key`` (where checkpoints keep its state); ``deterministic`` is the built-ins'
     (a pure function of what every rank is given alike: its splits are not agreed on).
 
-    - ``initial_sizes(global_batch, nreplicas, caps)``: the split to start with (caps: None or one int per
-      replica, from --max_local_batch);
+    - ``initial_sizes(global_batch, nreplicas, caps)``: the split to start with (caps: bounds on the shares a
+      caller may give, None or one int per replica; None from the launcher, `DataParallel` and the simulator,
+      whose memory caps, --max_local_batch, bound a pass, not a share: `pydtnn.parallel.accumulation`);
     - ``after_step(step, report)``: after global step ``step``, a
       `pydtnn.parallel.balance.step_report.StepReport` (every replica's actual b_i, compute and wait seconds, the
       step's wall time, warm-up flags; it also reads as the list of seconds per sample); a new split, or

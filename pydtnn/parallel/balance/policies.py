@@ -119,7 +119,8 @@ class FPMPolicy(BalancePolicy):
         return partition(global_batch, [1.0] * int(nreplicas), caps)
 
     def limit(self, caps):
-        """The caps in force (--max_local_batch, lowered by measured GPU memory) and the buckets under them."""
+        """The bounds on the shares in force (None under the launcher, whose memory caps bound a pass: the probe
+        hands them to the engine) and the buckets under them."""
         self.caps = caps
         asked = [self.bucket if d == "gpu" else 1 for d in self.devices]
         self.buckets = grown_buckets(self.global_batch, caps, self.minimum(), asked)

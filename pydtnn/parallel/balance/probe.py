@@ -69,7 +69,7 @@ class LockStepProbe:
         self.log = log or getattr(dp, "log", None) or (lambda line: None)
         self.target_s = TARGET_S                          # fpm's probe_s option sets it
         self.points = 0                                   # measured so far (the lines' numbers)
-        self.global_batch, self.user_caps, self._caps = int(dp.global_batch), caps, None
+        self.global_batch, self.user_caps, self._measured = int(dp.global_batch), caps, False
         self.memory = memory or (lambda: device_memory(dp.model.backend))
         self.devices = list(devices) if devices else ["cpu"] * self.comm.size
         self.reports = reports
@@ -79,9 +79,12 @@ class LockStepProbe:
 
     @property
     def caps(self):
-        """The --max_local_batch caps, lowered by a GPU replica's measured memory cap (a collective, on first
-        use: every rank reads it at the same point)."""
-        if self._caps is None:
+        """The bounds the split keeps: none. A replica's memory cap (--max_local_batch, lowered by a GPU
+        replica's cap measured here) bounds the rows of one pass, not its share: on first use (a collective:
+        every rank reads it at the same point) the caps are measured and handed to the engine (`dp.caps`), so
+        that a point above a replica's cap runs as micro-batches, as training will, and its time is theirs
+        (`pydtnn.parallel.accumulation`)."""
+        if not self._measured:
             top = self.global_batch - (self.comm.size - 1)
             if self.user_caps is not None:
                 top = min(top, self.user_caps[self.comm.rank])
@@ -91,15 +94,16 @@ class LockStepProbe:
                     mine = float(memory_cap(self.memory, self._pass, max(1, top // 4), top))
             every = [int(c) for c in self.comm.allgather(mine)]
             user = self.user_caps or [self.global_batch] * self.comm.size
-            self._caps = [min(u, c) if c > 0 else u for u, c in zip(user, every)]
-            if self.user_caps is None and all(c <= 0 for c in every):
-                self._caps = None
-        return self._caps
+            caps = [min(u, c) if c > 0 else u for u, c in zip(user, every)]
+            self.dp.caps = None if self.user_caps is None and all(c <= 0 for c in every) else caps
+            self._measured = True
+        return None
 
     # --- the data ---------------------------------------------------------------------------------------
     def _data(self, b):
-        """The first b samples of epoch 0's order (one read of the largest size, shared by all)."""
-        top = self.global_batch if self.user_caps is None else min(self.global_batch, max(self.user_caps))
+        """The first b samples of epoch 0's order (one read of the global batch, shared by all: a point may give
+        a replica up to all but one sample per other replica, above its memory cap as micro-batches)."""
+        top = self.global_batch
         if self._batch is None:
             model = self.dp.model
             idx = self.samples.epoch_order(self.seed, 0)[:top]
@@ -177,7 +181,7 @@ class LockStepProbe:
 
     def speeds(self):
         """Every replica's samples/s at the equal split (the constant model's one point)."""
-        sizes = partition(self.global_batch, [1.0] * self.comm.size, self.user_caps)
+        sizes = partition(self.global_batch, [1.0] * self.comm.size)
         seconds, _ = self.measure(sizes)
         return [b / max(t, 1e-9) for b, t in zip(sizes, seconds)]
 
@@ -230,7 +234,7 @@ def probe_split(dp, samples, seed, stop=None) -> bool:
         if policy.wants_costs:
             new = policy_calls.call(policy, "probe_costs", probe)
         else:
-            new = policy_calls.call(policy, "probed", dp.global_batch, probe.speeds(), dp.caps)
+            new = policy_calls.call(policy, "probed", dp.global_batch, probe.speeds(), None)   # caps bound passes
         new = None if new is None else dp.checked(new)
     except PyDTNNError as e:
         error = e
@@ -250,7 +254,7 @@ def agree_on_emulated_base(dp, samples, seed, stop=None):
     if emulator is None or not emulator.agrees_on_base:
         return None
     b = max(1, dp.global_batch // dp.comm.size)
-    probe = LockStepProbe(dp, samples, seed, [b] * dp.comm.size, None, stop=stop)     # (reads b samples, not B)
+    probe = LockStepProbe(dp, samples, seed, dp.caps, None, stop=stop)
     with dp.side_passes(), emulator.unpadded():
         probe._pass(b, warm_up=True)
         times = [probe._timed(b) for _ in range(CALIBRATION_PASSES)]

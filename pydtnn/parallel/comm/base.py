@@ -5,7 +5,8 @@ Every communicator has
 
     rank, size                       this replica's index, number of replicas
     bcast_(array, root=0)            in place; returns ``array``
-    allreduce_sum_(array)            in place (one blocking call); returns ``array``
+    allreduce_sum_(array)            in place (one blocking call); returns ``array``; float16 and bfloat16
+                                     arrays too (--grad_compression: MPI through `half_sum`, NCCL natively)
     iallreduce_sum_(array)           in place, non-blocking; returns a request with ``wait()``
     waitall(requests) / testall(requests)
     allgather(value)                 float -> (P,) float64; 1-D array (same length everywhere) -> (P, n)

@@ -3,6 +3,7 @@
 
 Device arrays (CuPy) are staged through host memory by `to_host` / `from_host`, also for
 ``iallreduce_sum_``: the host copy is reduced, and the request's ``wait()`` copies the result back.
+A sum of 16-bit floats (``--grad_compression``) goes through `half_sum`'s own MPI operation.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from pydtnn.errors import ConfigError
 from pydtnn.parallel.comm.base import Communicator, DoneRequest, as_values, check_gather_value, from_host, to_host
+from pydtnn.parallel.comm.half_sum import half_sum_args, is_half
 from pydtnn.parallel.runtime.shutdown import abort as abort_job, flush_output
 
 __all__ = ["MPIComm"]
@@ -80,9 +82,13 @@ class MPIComm(Communicator):
         self.comm.Bcast(host, root=root)
         return from_host(host, array)
 
+    def _sum_args(self, host):
+        """(buffer, op) of a SUM of ``host``: MPI's own SUM, or the 16-bit floats' (`half_sum`)."""
+        return half_sum_args(self.MPI, host) if is_half(host) else (host, self.MPI.SUM)
+
     def allreduce_sum_(self, array):
         host = self._staged(array)
-        self.comm.Allreduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM)
+        self.comm.Allreduce(self.MPI.IN_PLACE, *self._sum_args(host))
         return from_host(host, array)
 
     def iallreduce_sum_(self, array):
@@ -93,9 +99,9 @@ class MPIComm(Communicator):
         if array.size == 0:
             return DoneRequest()
         if isinstance(array, np.ndarray):
-            return self.comm.Iallreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM)
+            return self.comm.Iallreduce(self.MPI.IN_PLACE, *self._sum_args(array))
         host = np.ascontiguousarray(to_host(array))
-        return _StagedRequest(self.comm.Iallreduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM), host, array)
+        return _StagedRequest(self.comm.Iallreduce(self.MPI.IN_PLACE, *self._sum_args(host)), host, array)
 
     def _mpi_requests(self, requests):
         return [r.request if isinstance(r, _StagedRequest) else r for r in requests

@@ -64,6 +64,15 @@ def shared_devices(identities) -> list[tuple[list[int], object]]:
     return [(r, ident) for ident, r in ranks.items() if len(r) > 1]
 
 
+def _bfloat16():
+    """ml_dtypes' bfloat16, the dtype CuPy 14 gives bf16 arrays; None without ml_dtypes."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
 def _device_identity(cupy, device: int):
     """(host, PCI bus id) of `device`: equal for two ranks exactly when they would share one GPU."""
     try:
@@ -113,6 +122,9 @@ class NCCLComm(Communicator):
                        np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.int32): nccl.NCCL_INT32,
                        np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint8): nccl.NCCL_UINT8,
                        np.dtype(np.int8): nccl.NCCL_INT8}
+        bf16 = _bfloat16()        # ncclBfloat16 (NCCL >= 2.10; CuPy's NCCL_BFLOAT16) for ml_dtypes' bfloat16
+        if bf16 is not None and hasattr(nccl, "NCCL_BFLOAT16"):
+            self._types[bf16] = nccl.NCCL_BFLOAT16
 
     @staticmethod
     def _open(device):

@@ -7,6 +7,7 @@ import numpy as np
 from pydtnn.errors import ConfigError
 from pydtnn.observe.timeline import BUCKETS
 from pydtnn.parallel.comm.base import Communicator
+from pydtnn.parallel.comm.compression import GradCompression
 
 __all__ = ["BucketedReducer", "DEFAULT_BUCKET_BYTES"]
 
@@ -31,14 +32,20 @@ class BucketedReducer:
     Buckets are always started in the same order (k = 0, 1, ...) on every rank, whatever the ``lo``
     values, so the sequence of collectives matches across ranks. With one replica nothing happens.
 
+    With a ``compression`` (--grad_compression fp16 or bf16: `pydtnn.parallel.comm.compression`) each bucket is
+    cast to the 16-bit format when it is started, reduced so, and cast back in ``finish()``; the buckets cut
+    the buffer where they would without it (``bucket_bytes`` of the model's dtype), each sending 2 bytes an
+    element.
+
     With a ``timeline`` (--tracing) recording this step, each bucket is an `allreduce` event on the
     "gradient buckets" track, from its start to the end of its wait in ``finish()`` (the buckets are then
-    waited for one by one, in the order started), with the bytes it reduced.
+    waited for one by one, in the order started), with the bytes it sent.
     """
 
     timeline = None
 
-    def __init__(self, comm: Communicator, grad_buffer, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+    def __init__(self, comm: Communicator, grad_buffer, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 compression: GradCompression | None = None):
         # a NumPy or a device (CuPy) buffer: the communicator reduces either (MPI through host copies)
         if getattr(grad_buffer, "ndim", None) != 1 or not grad_buffer.flags.c_contiguous:
             raise TypeError("BucketedReducer needs a flat, C-contiguous gradient buffer")
@@ -48,6 +55,7 @@ class BucketedReducer:
         self.comm = comm
         self.buffer = grad_buffer
         self.bucket_bytes = bucket_bytes
+        self.compression = compression if compression is not None else GradCompression("none")
         n = grad_buffer.size
         elems = max(1, bucket_bytes // grad_buffer.itemsize)
         self.bounds: list[tuple[int, int]] = []
@@ -58,6 +66,7 @@ class BucketedReducer:
             hi = lo
         self._active = comm.size > 1
         self._requests: list = []
+        self._wires: list = []         # what each bucket in flight reduces (itself, or its 16-bit copy)
         self._next = 0
         self._started_at: list = []    # when each bucket in flight was started (tracing)
         self._covered = n
@@ -82,7 +91,9 @@ class BucketedReducer:
         while self._next < len(self.bounds) and self.bounds[self._next][0] >= covered:
             lo, hi = self.bounds[self._next]
             if self._active:
-                self._requests.append(self.comm.iallreduce_sum_(self.buffer[lo:hi]))
+                request, wire = self.compression.iallreduce_sum_(self.comm, self.buffer[lo:hi])
+                self._requests.append(request)
+                self._wires.append(wire)
                 if self.timeline is not None:
                     self._started_at.append(self.timeline.now())
             self._next += 1
@@ -103,13 +114,16 @@ class BucketedReducer:
         self._covered = 0
         self._start_until(0)
         requests, self._requests = self._requests, []
+        wires, self._wires = self._wires, []
         timeline = self.timeline
         if requests and timeline is not None and timeline.active:
             for k, (request, t) in enumerate(zip(requests, self._started_at)):
                 self.comm.waitall([request])
-                lo, hi = self.bounds[k]
                 timeline.add(f"bucket {k}", t, timeline.now(), "allreduce", BUCKETS,
-                             bytes=(hi - lo) * self.buffer.itemsize)
+                             bytes=self.compression.wire_nbytes(wires[k]))
         elif requests:
             self.comm.waitall(requests)
+        if self.compression.active:        # the 16-bit sums back into the buffer
+            for (lo, hi), wire in zip(self.bounds, wires):
+                self.compression.unpack(wire, self.buffer[lo:hi])
         return self.buffer
